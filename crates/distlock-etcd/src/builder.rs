@@ -86,18 +86,10 @@ pub const PASSWORD_FILE_ENV: &str = "DLOCK_ETCD_PASSWORD_FILE";
 /// Builds an [`EtcdBackend`] from a URL and settings that do not belong in it: the core's
 /// [`Builder`] with [`EtcdSettings`].
 ///
-/// Each setting is taken from the first place that has it:
-///
-/// | setting | 1. builder | 2. URL | 3. environment |
-/// |---|---|---|---|
-/// | user | [`user`](Builder::user) / [`credentials`](Builder::credentials) | `etcd://USER@…` | `DLOCK_ETCD_USER` |
-/// | password | [`password`](Builder::password) / [`password_file`](Builder::password_file) | `etcd://user:PASSWORD@…` | `DLOCK_ETCD_PASSWORD`, then the file named by `DLOCK_ETCD_PASSWORD_FILE` |
-/// | CA to trust | [`ca_file`](Builder::ca_file) | `etcds://…?cacert=PATH` | — (the system's CAs) |
-/// | client certificate | [`client_cert`](Builder::client_cert) | `etcds://…?cert=PATH&key=PATH` | — |
-///
-/// [`ignore_env`](Builder::ignore_env) turns the environment off. A password is only sent with
-/// a user; a password without one is an error. The password never appears in a message, an
-/// error or `Debug` output.
+/// Each setting is taken from the first place that has it: the builder, the URL, the
+/// environment (`DLOCK_ETCD_*`; [`ignore_env`](Builder::ignore_env) turns it off);
+/// docs/etcd.md, *Credentials outside the URL*, has the table. The password never appears in a
+/// message, an error or `Debug` output.
 ///
 /// ```no_run
 /// # async fn demo() -> distlock_core::Result<()> {
@@ -118,31 +110,27 @@ pub type EtcdBuilder = Builder<EtcdSettings>;
 #[derive(Debug, Clone, Default)]
 pub struct EtcdSettings;
 
-impl EtcdSettings {
-    const RULE: CredentialRule = CredentialRule {
+/// The URL and every setting, resolved: the target with the user, password and TLS files it
+/// will use.
+fn resolve(s: &Settings<EtcdSettings>) -> Result<Target> {
+    let mut t = from_url(&s.url)?;
+    t.user = s.credentials.user.clone();
+    t.password = s.credentials.password.clone();
+    t.tls = s.tls_files(t.tls.take(), NEEDS_TLS)?;
+    Ok(t)
+}
+
+impl Connect for EtcdSettings {
+    type Backend = EtcdBackend;
+    const CREDENTIALS: CredentialRule = CredentialRule {
         service: "etcd",
         env_prefix: "DLOCK_ETCD",
         password_needs_user: true,
         ecosystem: None,
     };
 
-    /// The URL and every setting, resolved: the target with the user, password and TLS files
-    /// it will use.
-    fn resolve(s: &Settings<Self>) -> Result<Target> {
-        let mut t = from_url(&s.url)?;
-        t.user = s.credentials.user.clone();
-        t.password = s.credentials.password.clone();
-        t.tls = s.tls_files(t.tls.take(), NEEDS_TLS)?;
-        Ok(t)
-    }
-}
-
-impl Connect for EtcdSettings {
-    type Backend = EtcdBackend;
-    const CREDENTIALS: CredentialRule = EtcdSettings::RULE;
-
     async fn connect(settings: Settings<Self>) -> Result<EtcdBackend> {
-        let target = EtcdSettings::resolve(&settings)?;
+        let target = resolve(&settings)?;
         EtcdBackend::open(settings.url.redacted(), target, &settings.opts).await
     }
 }
@@ -218,7 +206,7 @@ mod tests {
 
     fn resolve_with(b: &EtcdBuilder, env: &[(&str, &str)]) -> Result<Target> {
         let env = Env::from_pairs(env);
-        EtcdSettings::resolve(&b.settings_with(&EtcdSettings::RULE, &env)?)
+        resolve(&b.settings_with(&EtcdSettings::CREDENTIALS, &env)?)
     }
 
     fn creds(t: &Target) -> (Option<&str>, Option<&str>) {

@@ -1,7 +1,7 @@
 //! Connecting to the cluster, and calling it: per-call timeouts, retries of requests that never left.
 
 use crate::builder::Target;
-use crate::error::{map, timed_out, KIND};
+use crate::error::{map, KIND};
 use crate::tls;
 use crate::EtcdBackend;
 use distlock_core::conn::{ClientCert, TlsError, TlsErrorKind};
@@ -28,7 +28,6 @@ impl EtcdBackend {
     /// Connects to the cluster `target` describes (`url` is only for messages, redacted) and
     /// checks that it answers (a linearizable read, so a cluster without a quorum fails here).
     pub(crate) async fn open(url: &str, target: Target, opts: &ClientOptions) -> Result<Self> {
-        let prefix = (target.prefix.clone()).unwrap_or_else(|| opts.get_namespace().to_owned());
         let endpoint = target.hosts.join(",");
         // etcd refuses HTTP/2 pings more often than every 5 s by default.
         let ping_timeout = opts.get_op_timeout().max(Duration::from_secs(1));
@@ -60,7 +59,7 @@ impl EtcdBackend {
                 etcd_client::Error::InvalidUri(m) => Error::invalid_url(url, m.to_string()),
                 e => map(&endpoint, e),
             })?;
-        let mut backend = Self::new(client, endpoint, prefix, opts);
+        let mut backend = Self::new(client, endpoint, target.prefix.clone(), opts);
         backend.connect_opts = Some(co);
         backend.transport = tls::transport(&target.hosts, target.tls.as_ref());
         let cert = (target.tls.as_ref()).map(|t| match t.client() {
@@ -70,19 +69,19 @@ impl EtcdBackend {
         backend.probed(cert, &target.hosts).await
     }
 
-    /// The backend on `client`, not yet probed; `transport` says it runs on an application's
-    /// client until [`open`](Self::open) replaces it.
+    /// The backend on `client` (keys under `prefix`, else the namespace), not yet probed;
+    /// `transport` says it runs on an application's client until [`open`](Self::open) replaces it.
     pub(crate) fn new(
         client: Client,
         endpoint: String,
-        prefix: String,
+        prefix: Option<String>,
         opts: &ClientOptions,
     ) -> Self {
         let closed = tokio_util::sync::CancellationToken::new();
         EtcdBackend {
             client,
             endpoint,
-            prefix,
+            prefix: prefix.unwrap_or_else(|| opts.get_namespace().to_owned()),
             op_timeout: opts.get_op_timeout(),
             connect_opts: None,
             connect_timeout: opts.get_connect_timeout(),
@@ -211,7 +210,7 @@ impl EtcdBackend {
         };
         tokio::time::timeout(self.op_timeout, attempts)
             .await
-            .map_err(|_| timed_out(&self.endpoint, what, self.op_timeout))
+            .map_err(|_| Error::call_timeout(KIND, &self.endpoint, what, self.op_timeout))
     }
 
     /// [`raw`](Self::raw) with etcd's errors mapped.

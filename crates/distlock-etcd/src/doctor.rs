@@ -4,7 +4,7 @@
 //! (locks do not depend on it: see the finding). Each finding is a function of what was read.
 
 use crate::EtcdBackend;
-use distlock_core::operator::{clock_not_checked, parse_version};
+use distlock_core::operator::{self, clock_not_checked, parse_version};
 use distlock_core::{Finding, Result, Severity};
 use etcd_client::Client;
 use std::time::Duration;
@@ -138,29 +138,20 @@ fn answered(statuses: &[MemberStatus]) -> impl Iterator<Item = (&str, &Status)> 
     (statuses.iter()).filter_map(|s| Some((s.name.as_str(), s.status.as_ref().ok()?)))
 }
 
-/// Version: every member runs an etcd whose transactions compare key ranges.
+/// Version: the oldest member (or one whose version does not read, or none) runs an etcd whose
+/// transactions compare key ranges.
 fn version_finding(statuses: &[MemberStatus]) -> Finding {
-    let old: Vec<String> = answered(statuses)
-        .filter(|(_, st)| parse_version(&st.version).is_none_or(|v| v < MIN_VERSION))
-        .map(|(name, st)| format!("{name} runs {}", st.version))
-        .collect();
-    if !old.is_empty() {
-        return Finding::new(
-            Severity::Unsafe,
-            "version",
-            format!("{}: etcd before 3.3 ignores the key-range comparison of the acquire transaction (\"nobody queued\"), so every acquire would succeed and a lock be granted twice; upgrade to a maintained etcd (3.5 or later)", old.join(", ")),
-        );
-    }
-    let mut versions: Vec<&str> = answered(statuses)
-        .map(|(_, st)| st.version.as_str())
-        .collect();
-    versions.sort_unstable();
-    versions.dedup();
-    let message = format!(
-        "etcd {} (range comparisons in transactions need 3.3 or later)",
-        versions.join(", ")
-    );
-    Finding::new(Severity::Ok, "version", message)
+    let oldest = answered(statuses).min_by_key(|(_, st)| parse_version(&st.version));
+    let version = oldest.map_or_else(String::new, |(name, st)| {
+        format!("{} on {name}", st.version)
+    });
+    operator::version_finding(
+        "etcd",
+        &version,
+        MIN_VERSION,
+        "the acquire transaction's key-range comparison (\"nobody queued\")",
+        "an older etcd ignores it, so every acquire would succeed and a lock be granted twice",
+    )
 }
 
 /// Leader: the answering members agree on one leader, which is a member.

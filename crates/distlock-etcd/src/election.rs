@@ -1,5 +1,5 @@
 //! Elections on etcd's `concurrency.Election` layout: proclaiming a new value. Everything else
-//! is the mutex's code on the election's keys ([`Keys::election`](crate::kv::Keys::election));
+//! is the mutex's code on the election's keys ([`Keys::of_kind`](crate::kv::Keys::of_kind));
 //! docs/election-etcd.md says why that is etcd's recipe.
 
 use crate::error::shape;

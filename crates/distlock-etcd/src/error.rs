@@ -57,8 +57,3 @@ pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
 pub(crate) fn shape(message: impl Into<String>) -> Error {
     Error::unexpected(KIND, message)
 }
-
-/// A call that got no answer within the per-call timeout.
-pub(crate) fn timed_out(endpoint: &str, what: &str, after: std::time::Duration) -> Error {
-    Error::call_timeout(KIND, endpoint, what, after)
-}

@@ -40,20 +40,15 @@ impl Keys {
         }
     }
 
-    /// The keys of election `name`: `PREFIX-election/NAME/` and `PREFIX-election-meta/NAME/`.
-    pub(crate) fn election(prefix: &str, name: &str) -> Self {
+    /// The keys of `name` of `kind`; an election's are `PREFIX-election/NAME/` and
+    /// `PREFIX-election-meta/NAME/`.
+    pub(crate) fn of_kind(prefix: &str, name: &str, kind: LockKind) -> Self {
+        if kind != LockKind::Election {
+            return Keys::new(prefix, name);
+        }
         let mut k = Keys::new(&format!("{prefix}-election"), name);
         k.meta = Some(format!("{prefix}-election-meta/{}/", escape(name)).into_bytes());
         k
-    }
-
-    /// The keys of `name` of `kind`.
-    pub(crate) fn of_kind(prefix: &str, name: &str, kind: LockKind) -> Self {
-        if kind == LockKind::Election {
-            Keys::election(prefix, name)
-        } else {
-            Keys::new(prefix, name)
-        }
     }
 
     /// The metadata key that goes with queue key `key` (an election's only).
@@ -301,7 +296,7 @@ mod tests {
 
     #[test]
     fn election_layout() {
-        let k = Keys::election("dlock", "sched/a");
+        let k = Keys::of_kind("dlock", "sched/a", LockKind::Election);
         assert_eq!(k.fence, b"dlock-election/sched%2Fa");
         assert_eq!(k.queue, b"dlock-election/sched%2Fa/");
         let mine = k.attempt("0f1");
@@ -315,7 +310,7 @@ mod tests {
         assert!(!k.meta_of(&mine).unwrap().starts_with(&k.queue));
         assert_eq!(Keys::new("dlock", "x").meta_of(b"dlock/x/1"), None);
         // A foreign leader (`etcdctl elect`) is named by its key's last segment.
-        let e = Keys::election("dlock", "e");
+        let e = Keys::of_kind("dlock", "e", LockKind::Election);
         let foreign = e.segment(b"dlock-election/e/694d8f2a3b1c5e07");
         assert_eq!(foreign, "694d8f2a3b1c5e07");
         for (kind, queue) in [

@@ -108,19 +108,10 @@ impl EtcdBackend {
     /// authentication), after a linearizable read got through. Keys live under
     /// `opts.get_namespace()` (`dlock` by default), as with `etcd://…` without a prefix.
     ///
-    /// The backend clones the client for every call, keeps its leases alive over it
-    /// (`LeaseKeepAlive` streams) and watches keys on it, so the client must stay usable for
-    /// the backend's whole life; sharing it with the application is fine. Build it as dlock
-    /// builds its own: with [`ConnectOptions::with_require_leader`]`(true)` (otherwise a watch
-    /// on a member cut off from the leader stays silent instead of failing; the waiter's
-    /// periodic re-read still notices, a third of the lease later) and HTTP/2 keep-alives no
-    /// more often than every 5 s (etcd's default limit). Not a namespaced client: the
-    /// backend's keys are the full keys.
-    ///
-    /// `dlock doctor` ([`Operator::diagnose`](distlock_core::Operator::diagnose)) connects to each member on its own with plain
-    /// connect options; give the ones your client was built with through
-    /// [`with_member_options`](Self::with_member_options) for a cluster with TLS or
-    /// authentication.
+    /// The client must stay usable for the backend's whole life (sharing it is fine), be built
+    /// with [`ConnectOptions::with_require_leader`]`(true)` and HTTP/2 keep-alives at most every
+    /// 5 s, and not be namespaced; docs/etcd.md, *Bring your own client*, says why, and when
+    /// `doctor` needs [`with_member_options`](Self::with_member_options).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -156,8 +147,7 @@ impl EtcdBackend {
     /// Cancel safe: the probe is a read.
     pub async fn from_client(client: Client, opts: &ClientOptions) -> Result<Self> {
         let endpoint = "etcd (the application's client)".to_owned();
-        let prefix = opts.get_namespace().to_owned();
-        Self::new(client, endpoint, prefix, opts)
+        Self::new(client, endpoint, None, opts)
             .probed(None, &[])
             .await
     }
@@ -200,7 +190,7 @@ impl EtcdBackend {
     /// (`PREFIX-election/NAME/`): etcd's `concurrency.Election` on `PREFIX-election/NAME`
     /// (`etcdctl elect dlock-election/NAME`) campaigns here too.
     pub fn election_prefix(&self, name: &str) -> Vec<u8> {
-        Keys::election(&self.prefix, name).queue
+        Keys::of_kind(&self.prefix, name, LockKind::Election).queue
     }
 }
 

@@ -4,7 +4,7 @@
 //! wait with an error; a wait that ends without the lock deletes the attempt's own key, whatever
 //! state it is in, and never another attempt's.
 
-use crate::error::{map, shape, timed_out, KIND};
+use crate::error::{map, shape, KIND};
 use crate::kv::{header_revision, reads, token_of, Slot};
 use crate::lease::Lease;
 use crate::EtcdBackend;
@@ -332,7 +332,7 @@ impl EtcdBackend {
         // Wait for the server to confirm the watch, so no release after this call is missed.
         let first = tokio::time::timeout(self.op_timeout, stream.message())
             .await
-            .map_err(|_| timed_out(&self.endpoint, "watch", self.op_timeout))?
+            .map_err(|_| Error::call_timeout(KIND, &self.endpoint, "watch", self.op_timeout))?
             .map_err(|e| map(&self.endpoint, e))?;
         if !first.is_some_and(|r| r.created() && !r.canceled()) {
             let why = "the watch was not created".into();

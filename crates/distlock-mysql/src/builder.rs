@@ -21,16 +21,9 @@ pub const PASSWORD_ENV: &str = "MYSQL_PWD";
 /// are in [`MysqlBuilderExt`]). Made by [`MysqlBackend::builder`] or
 /// [`MysqlBackend::with_opts`].
 ///
-/// What is set here replaces what the URL says. Each credential is taken from the first place
-/// that has it:
-///
-/// | setting | 1. builder | 2. URL (or options) | 3. environment | 4. the mysql client's rule |
-/// |---|---|---|---|---|
-/// | user | [`user`](Builder::user) | `mysql://USER@…` | `DLOCK_MYSQL_USER` | — |
-/// | password | [`password`](Builder::password) / [`password_file`](Builder::password_file) (its first line) | `mysql://user:PASSWORD@…` | `DLOCK_MYSQL_PASSWORD`, then the file named by `DLOCK_MYSQL_PASSWORD_FILE` | the file of `?password-file=`, then [`PASSWORD_ENV`] (`MYSQL_PWD`) |
-///
-/// [`ignore_env`](Builder::ignore_env) turns the environment off (`MYSQL_PWD` too). A user
-/// without a password is fine (an account may have none). Its `Debug` shows no password.
+/// What is set here replaces what the URL says; the order in which each credential is looked
+/// for is in docs/mysql.md, "Credentials" ([`ignore_env`](Builder::ignore_env) turns the
+/// environment off, [`PASSWORD_ENV`] too). Its `Debug` shows no password.
 pub type MysqlBuilder = Builder<MysqlSettings>;
 
 /// MySQL's part of [`MysqlBuilder`].
@@ -239,24 +232,23 @@ impl MysqlSettings {
 /// The connector of `base` with `tls` (`None`: the application's options, their TLS settings
 /// as they are).
 fn connector(base: mysql_async::OptsBuilder, tls: Option<TlsOptions>) -> Result<Connector> {
-    let Some(tls) = tls else {
-        let opts: mysql_async::Opts = base.into();
-        let tls = TlsOptions::new(match opts.ssl_opts() {
-            Some(s) if s.accept_invalid_certs() => SslMode::Require,
-            Some(_) => SslMode::VerifyFull,
-            None => SslMode::Disable,
-        });
-        let plain_fallback = None;
-        return Ok(Connector {
-            opts,
-            plain_fallback,
-            tls,
-        });
+    let (opts, plain_fallback, tls) = match tls {
+        None => {
+            let opts: mysql_async::Opts = base.into();
+            let tls = TlsOptions::new(match opts.ssl_opts() {
+                Some(s) if s.accept_invalid_certs() => SslMode::Require,
+                Some(_) => SslMode::VerifyFull,
+                None => SslMode::Disable,
+            });
+            (opts, None, tls)
+        }
+        Some(tls) => {
+            let ssl = tls.ssl_opts()?;
+            let plain_fallback = (tls.mode() == SslMode::Prefer && ssl.is_some())
+                .then(|| base.clone().ssl_opts(None).into());
+            (base.ssl_opts(ssl).into(), plain_fallback, tls)
+        }
     };
-    let ssl = tls.ssl_opts()?;
-    let plain_fallback = (tls.mode() == SslMode::Prefer && ssl.is_some())
-        .then(|| base.clone().ssl_opts(None).into());
-    let opts = base.ssl_opts(ssl).into();
     Ok(Connector {
         opts,
         plain_fallback,

@@ -494,11 +494,6 @@ pub(crate) fn key_of(namespace: &str, name: &str, kind: LockKind) -> String {
     }
 }
 
-/// `Ok` for the kinds of [`capabilities`]; the standard `Unsupported` error otherwise.
-pub(crate) fn check_kind(kind: LockKind) -> Result<()> {
-    capabilities().check(KIND, kind)
-}
-
 /// A holder of one grant (re-entry is counted in the holder's client) whose lease has
 /// `left_us` microseconds left (`None`: unknown; a past end: zero).
 pub(crate) fn holder(owner: String, left_us: Option<i64>) -> HolderInfo {

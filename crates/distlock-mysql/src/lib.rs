@@ -93,13 +93,8 @@ impl MysqlBackend {
 
     /// A builder on the application's own driver options (the ones it built its
     /// `mysql_async::Pool` from, say): host, user, password, database, `SslOpts` and the rest
-    /// are used as they are, except `client_found_rows`, which dlock turns on.
-    ///
-    /// dlock opens its own connections with them rather than borrowing the pool's: session
-    /// mode keeps one connection per held lock for the whole hold (the lock lives and dies
-    /// with it) and must close it at once when a reply is late, which a pool's connection
-    /// (returned, reset and reused on drop) does not allow. Count them in the server's
-    /// `max_connections`: one per held lock, plus up to 8 idle ones.
+    /// are used as they are, except `client_found_rows`, which dlock turns on. dlock opens its
+    /// own connections with them (why, and how many: docs/mysql.md, "Bring your own options").
     ///
     /// ```no_run
     /// # async fn demo() -> distlock_core::Result<()> {

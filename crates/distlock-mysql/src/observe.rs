@@ -1,28 +1,18 @@
-//! Observing elections (both modes), woken by the server without polling.
+//! Observing elections (both modes), woken by the server without polling; docs/election-sql.md,
+//! "MySQL / MariaDB", "Observing", has the whole argument. An observer registers its own
+//! connection (not pooled) in `dlock_election_observers` and runs rounds of
+//! `SELECT 'dlock-observe <key>', IF(woken = 0, SLEEP(<round>), 2) FROM <its row>`; every
+//! change of the election made through dlock, once committed and off the caller's path, sets
+//! `woken = 1` and `KILL QUERY`s the registered connections whose statement in the processlist
+//! is that election's dlock-observe (ids are reused after a restart: nothing else is ever
+//! interrupted). Whether anybody observes is read in the change's own last statement.
 //!
-//! MySQL and MariaDB have no notifications, so an observer waits in a statement that the
-//! changer interrupts:
-//! - `observe(name)` registers its connection (`CONNECTION_ID()`) in
-//!   `dlock_election_observers` for the election's key, on a connection of its own kept for
-//!   the whole watch (not pooled), then runs rounds of
-//!   `SELECT 'dlock-observe <key>', IF(woken = 0, SLEEP(<round>), 2) FROM <its row>`;
-//! - every change of an election made through dlock (a grant, a proclamation, a release or
-//!   resignation, a forced release) then wakes the registered observers, after the change is
-//!   committed and off the caller's path: `woken = 1` on the election's rows, then
-//!   `KILL QUERY` of each registered connection whose statement, in the processlist, is that
-//!   election's dlock-observe SLEEP (connection ids are reused after a server restart: an
-//!   unrelated statement is never interrupted).
-//!
-//! Nothing is missed: the waker sets `woken` before it reads the processlist. A round that
-//! started before that read is interrupted (a `KILL QUERY` that lands before the `SLEEP` begins
-//! makes it return at once); one that starts after it reads `woken = 1` and does not sleep.
-//! After a wake the observer clears its `woken` before it reports the wake (so the caller's
-//! following read of the election sees every change that set it).
-//!
-//! Whether anybody observes is piggy-backed on the change's own statements (an `EXISTS` on
-//! the observers' rows read after the change), so the wake-up costs a round trip only when
-//! somebody observes. A leader whose connection dies sends nothing: observers see it at its
-//! lease end (the core's lease-end look) or at the next grant.
+//! Nothing is missed: the waker sets `woken` before it reads the processlist, so a round started
+//! before that read is interrupted (a `KILL QUERY` that lands before the `SLEEP` begins makes
+//! it return at once) and one started after does not sleep; the observer clears its `woken`
+//! before it reports the wake (so the caller's next read sees every change that set it). A
+//! leader whose connection dies sends nothing: observers see it at its lease end or the next
+//! grant.
 
 use crate::common::{close, col, election_key, sql_str, Call, Common};
 use crate::error::{timeout, INTERRUPTED, KIND, NOT_OWNER};
@@ -49,11 +39,6 @@ static HIDDEN_WARNED: AtomicBool = AtomicBool::new(false);
 const ME: &str = "COALESCE((SELECT USER FROM information_schema.PROCESSLIST \
                   WHERE ID = CONNECTION_ID()), '')";
 
-/// The statement telling whether anybody observes election key `lk` (one column, 0 or 1).
-pub(crate) fn observed_sql(lk: &str) -> String {
-    format!("EXISTS(SELECT 1 FROM dlock_election_observers WHERE lock_key = '{lk}')")
-}
-
 /// For a grant of `kind` on key `lk` (an election's): the statement storing the candidate's
 /// `value` under the token in SQL variable `token`, proclamation number 0, if that is not NULL
 /// (nothing for a lock). `ns` and `name` are SQL.
@@ -75,10 +60,12 @@ pub(crate) fn election_row(
 }
 
 /// For a change of key `lk` of `kind`: the column to read back after it telling whether
-/// anybody observes an election (`, EXISTS(…)`; nothing for a lock).
+/// anybody observes an election (`, EXISTS(…)`, 0 or 1; nothing for a lock).
 pub(crate) fn observed_col(kind: LockKind, lk: &str) -> String {
     match kind {
-        LockKind::Election => format!(", {}", observed_sql(lk)),
+        LockKind::Election => {
+            format!(", EXISTS(SELECT 1 FROM dlock_election_observers WHERE lock_key = '{lk}')")
+        }
         _ => String::new(),
     }
 }
@@ -111,8 +98,8 @@ pub(crate) async fn proclaim(
          WHERE e.lock_key = ? AND e.token = ? AND e.seq < ? AND {leads}"
     );
     let check = format!(
-        "SELECT COUNT(*), {} FROM {holders} h WHERE h.lock_key = ? AND h.token = ? AND {leads}",
-        observed_sql(&lk)
+        "SELECT COUNT(*){} FROM {holders} h WHERE h.lock_key = ? AND h.token = ? AND {leads}",
+        observed_col(LockKind::Election, &lk)
     );
     let (value, key) = (value.to_owned(), lk.clone());
     let leads: Option<(i64, i64)> = common

@@ -4,7 +4,7 @@
 //! connection `IS_USED_LOCK` names, waits until the lock is free or someone else's, and only
 //! then advances the counter.
 
-use crate::common::{check_kind, col, election_key, key_of, last_row, sql_str, CLOCK_US};
+use crate::common::{capabilities, col, election_key, key_of, last_row, sql_str, CLOCK_US};
 use crate::error::{KIND, NOT_OWNER};
 use crate::{Mode, MysqlBackend};
 use distlock_core::operator::{clock_finding, evict, measure_clock, Eviction, TlsSession};
@@ -49,7 +49,7 @@ impl Operator for MysqlBackend {
     }
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
-        check_kind(kind)?;
+        capabilities().check(KIND, kind)?;
         let lk = key_of(&self.common.namespace, name, kind);
         let done = match self.mode() {
             Mode::Table => force_table(self, name, &lk).await?,

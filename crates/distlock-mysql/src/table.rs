@@ -12,7 +12,7 @@
 //!   value stored in `dlock_elections` in the grant's transaction.
 
 use crate::common::{
-    check_kind, col, key_of, last_row, next_token, renewed, sql_attempt, sql_str, Common, Sets,
+    capabilities, col, key_of, last_row, next_token, renewed, sql_attempt, sql_str, Common, Sets,
 };
 use crate::error::{shape, KIND};
 use distlock_core::backend::{Backend, Capabilities, NoWatch};
@@ -35,19 +35,9 @@ pub(crate) const DDL: &[&str] = &[
 /// Expired records of ended attempts deleted by each write of a new one.
 const TRIM: usize = 100;
 
-/// Columns added since the table's first version (made by older dlock versions without them).
-const ADDED_COLUMNS: &[(&str, &str)] = &[
-    (
-        "attempt",
-        "ALTER TABLE dlock_table_locks \
-         ADD COLUMN attempt VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL",
-    ),
-    (
-        "last_released",
-        "ALTER TABLE dlock_table_locks \
-         ADD COLUMN last_released VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL",
-    ),
-];
+/// Columns added since the table's first version (made by older dlock versions without them),
+/// both attempt ids as the table's SQL declares them.
+const ADDED_COLUMNS: &[&str] = &["attempt", "last_released"];
 
 /// What a free row's lease end is set to.
 pub(crate) const FREE: &str = "'1970-01-02 00:00:00'";
@@ -78,12 +68,16 @@ impl TableMode {
         let have: Vec<String> = common
             .with_conn("checking dlock_table_locks", |c| c.query(sql))
             .await?;
-        for (column, ddl) in ADDED_COLUMNS {
+        for column in ADDED_COLUMNS {
             if have.iter().any(|h| h.eq_ignore_ascii_case(column)) {
                 continue;
             }
+            let ddl = format!(
+                "ALTER TABLE dlock_table_locks \
+                 ADD COLUMN {column} VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin NULL"
+            );
             let r = common
-                .with_conn("upgrading dlock_table_locks", |c| c.query_drop(*ddl))
+                .with_conn("upgrading dlock_table_locks", |c| c.query_drop(ddl))
                 .await;
             match r {
                 Ok(()) => tracing::info!(column, "added a column to dlock_table_locks"),
@@ -97,7 +91,7 @@ impl TableMode {
 
     /// The key of `name`'s lock of `kind`, for the kinds this backend does.
     fn key(&self, name: &str, kind: LockKind) -> Result<String> {
-        check_kind(kind)?;
+        capabilities().check(KIND, kind)?;
         Ok(key_of(&self.common.namespace, name, kind))
     }
 
@@ -226,7 +220,7 @@ impl Backend for TableMode {
 
     /// Rows expire by lease on the server, with or without their holder.
     fn capabilities(&self) -> Capabilities {
-        crate::common::capabilities().lease_expiry(true)
+        capabilities().lease_expiry(true)
     }
 
     async fn watch(&self, _req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
@@ -363,7 +357,7 @@ impl Backend for TableMode {
 
     /// See [`crate::observe::proclaim`]: the leader is the attempt whose lock row is live.
     async fn proclaim(&self, grant: &GrantRef, seq: u64, value: &str) -> Result<RenewOutcome> {
-        check_kind(grant.key.kind)?;
+        capabilities().check(KIND, grant.key.kind)?;
         let lk = self.key(&grant.key.name, LockKind::Election)?;
         let leads = (
             "dlock_table_locks",

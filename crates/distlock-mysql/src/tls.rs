@@ -33,9 +33,7 @@ pub(crate) const MODES: SslModeNames = SslModeNames {
 /// `ssl-key=` (MySQL's option names; `ssl_mode` etc. work too), or the same in code
 /// ([`MysqlBuilderExt::tls`](crate::MysqlBuilderExt::tls)).
 ///
-/// Files are read when the backend connects: PEM (or DER) certificates; the key PEM in
-/// PKCS#8, PKCS#1 or SEC1. No PKCS#12 bundles, no `ssl-capath`, `ssl-crl` or `ssl-cipher`
-/// (rustls chooses the ciphers: TLS 1.2 and 1.3 only).
+/// Files are read when the backend connects; their formats: docs/mysql.md, "TLS".
 ///
 /// ```
 /// use distlock_mysql::{SslMode, TlsOptions};

@@ -1,5 +1,6 @@
 //! The `redlock://` URL.
 
+use crate::node::Node;
 use distlock_core::conn::{scheme_of, ConnectionString, Host};
 use distlock_core::{ClientOptions, Error, Result};
 use std::time::Duration;
@@ -13,40 +14,25 @@ pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// Fewest nodes Redlock is useful with.
 pub const MIN_NODES: usize = 3;
 
-/// One node: the URL its `RedisNode` connects with, and `host:port` for messages.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NodeAddr {
-    pub(crate) url: String,
-    pub(crate) endpoint: String,
-}
-
-/// Everything the URL says.
-#[derive(Debug, Clone)]
+/// Everything the URL says but the nodes.
 pub(crate) struct Config {
     /// Every node's `host:port`, joined by `,`.
     pub(crate) endpoint: String,
-    pub(crate) nodes: Vec<NodeAddr>,
     pub(crate) node_timeout: Duration,
     /// `None`: the longest lease in use (the watchdog lease, or a longer fixed lease seen).
     pub(crate) quarantine: Option<Duration>,
     pub(crate) check_interval: Duration,
-    pub(crate) wait: WaitMode,
-}
-
-/// How waiters wait (`wait=` in the URL).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitMode {
-    /// In every node's wait queue, woken by the nodes (the default).
-    Queue,
-    /// Without a queue: every release wakes every waiter, which votes again (the behaviour of
-    /// earlier versions; for comparisons).
-    Retry,
+    /// `wait=queue` (the default): waiters wait in every node's wait queue, woken by the nodes;
+    /// `false` for `wait=retry`: without a queue, every release wakes every waiter, which votes
+    /// again (the behaviour of earlier versions; for comparisons).
+    pub(crate) queue: bool,
 }
 
 /// The URL with any password (and any secret parameter) replaced by `***`.
 pub use distlock_core::conn::redact;
 
-pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
+/// The URL's settings and its nodes.
+pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<(Config, Vec<Node>)> {
     if scheme_of(url).is_none() {
         return Err(Error::invalid_url(
             redact(url),
@@ -69,19 +55,18 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
             "`/{db}` is not a database number; write redlock://h1:p1,h2:p2,h3:p3/0"
         )));
     }
-    let nodes = node_addrs(&cs, node_scheme)?;
-    let mut known = vec![
+    let nodes = nodes(&cs, node_scheme)?;
+    let known = [
         "namespace",
         "node_timeout",
         "quarantine",
         "check_interval",
         "wait",
         "protocol",
+        "ca_file",
     ];
-    if node_scheme == "rediss" {
-        known.push("ca_file");
-    }
-    cs.check_params(&known)?;
+    // `ca_file` (the last) only with TLS.
+    cs.check_params(&known[..known.len() - usize::from(node_scheme != "rediss")])?;
 
     let lease = opts.get_watchdog_lease();
     let node_timeout = match cs.duration("node_timeout")? {
@@ -112,25 +97,20 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<Config> {
             "check_interval={check_interval:?} must be between 10ms and 60s"
         )));
     }
-    // `queue` (the default): waiters queue on the nodes; `retry`: every release wakes every
-    // waiter.
-    let wait = match cs.choice("wait", &["queue", "retry"])? {
-        Some("retry") => WaitMode::Retry,
-        _ => WaitMode::Queue,
-    };
-    Ok(Config {
+    let queue = cs.choice("wait", &["queue", "retry"])? != Some("retry");
+    let cfg = Config {
         endpoint: cs.endpoints(6379),
-        nodes,
         node_timeout,
         quarantine,
         check_interval,
-        wait,
-    })
+        queue,
+    };
+    Ok((cfg, nodes))
 }
 
 /// The nodes of `cs` (each listed once, at least [`MIN_NODES`]), each with its own URL: the
 /// node scheme `node_scheme`, its host, and the parameters a node takes.
-fn node_addrs(cs: &ConnectionString, node_scheme: &str) -> Result<Vec<NodeAddr>> {
+fn nodes(cs: &ConnectionString, node_scheme: &str) -> Result<Vec<Node>> {
     let hosts = cs.hosts();
     if hosts.len() < MIN_NODES {
         return Err(cs.invalid(format!(
@@ -151,8 +131,9 @@ fn node_addrs(cs: &ConnectionString, node_scheme: &str) -> Result<Vec<NodeAddr>>
         node.set_scheme(node_scheme);
         node.set_hosts(vec![Host::new(h.host.clone(), Some(h.port_or(6379)))]);
         node.retain_params(|k, _| matches!(k, "namespace" | "protocol" | "ca_file"));
-        let (url, endpoint) = (node.expose_url().to_owned(), endpoint.clone());
-        nodes.push(NodeAddr { url, endpoint });
+        let mut n = Node::default();
+        (n.url, n.endpoint) = (node.expose_url().to_owned(), endpoint.clone());
+        nodes.push(n);
     }
     Ok(nodes)
 }
@@ -167,12 +148,12 @@ mod tests {
 
     #[test]
     fn parses_nodes_and_options() {
-        let c = parse(
+        let (c, nodes) = parse(
             "redlock://u:p%40ss@a:1,b:2,c?namespace=shop&node_timeout=20ms&quarantine=1m",
             &opts(),
         )
         .unwrap();
-        let urls: Vec<&str> = c.nodes.iter().map(|n| n.url.as_str()).collect();
+        let urls: Vec<&str> = nodes.iter().map(|n| n.url.as_str()).collect();
         assert_eq!(
             urls,
             [
@@ -181,21 +162,21 @@ mod tests {
                 "redis://u:p%40ss@c:6379?namespace=shop"
             ]
         );
-        assert_eq!(c.nodes[2].endpoint, "c:6379");
+        assert_eq!(nodes[2].endpoint, "c:6379");
         assert_eq!(c.node_timeout, Duration::from_millis(20));
         assert_eq!(c.quarantine, Some(Duration::from_secs(60)));
         assert_eq!(
             redact("redlock://u:p%40ss@a:1,b:2?x=1"),
             "redlock://u:***@a:1,b:2?x=1"
         );
-        let c = parse(
+        let (c, nodes) = parse(
             "redlocks://[::1]:7000,[::1]:7001,[::1]/3?ca_file=/x",
             &opts(),
         )
         .unwrap();
         // Parameters are passed on percent-encoded (redis:// reads them decoded: `/x`).
-        assert_eq!(c.nodes[0].url, "rediss://[::1]:7000/3?ca_file=%2Fx");
-        assert_eq!(c.nodes[2].endpoint, "[::1]:6379");
+        assert_eq!(nodes[0].url, "rediss://[::1]:7000/3?ca_file=%2Fx");
+        assert_eq!(nodes[2].endpoint, "[::1]:6379");
         assert_eq!(c.node_timeout, DEFAULT_NODE_TIMEOUT);
         assert_eq!(c.quarantine, None);
     }
@@ -203,7 +184,7 @@ mod tests {
     #[test]
     fn default_node_timeout_follows_short_leases() {
         let o = opts().watchdog_lease(Duration::from_millis(300));
-        let c = parse("redlock://a:1,b:1,c:1", &o).unwrap();
+        let (c, _) = parse("redlock://a:1,b:1,c:1", &o).unwrap();
         assert_eq!(c.node_timeout, Duration::from_millis(30));
     }
 
@@ -227,6 +208,7 @@ mod tests {
             assert!(parse(bad, &opts()).is_err(), "{bad}");
         }
         let e = parse("redlock://u:secret@a:1,b:1", &opts())
+            .map(drop)
             .unwrap_err()
             .to_string();
         assert!(!e.contains("secret") && e.contains("at least 3"), "{e}");

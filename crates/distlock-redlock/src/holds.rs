@@ -2,7 +2,6 @@
 //! attempt up, releasing and renewing a grant, and inspecting a lock; each asks every node and
 //! returns as soon as a majority decided.
 
-use crate::config::WaitMode;
 use crate::node::View;
 use crate::{ops, tally, watch, RedlockBackend, KIND};
 use distlock_core::backend::{
@@ -60,7 +59,7 @@ impl RedlockBackend {
         election: Option<&str>,
         spread: Duration,
         watch: impl Fn(Arc<RedisNode>) -> Fut,
-    ) -> Result<watch::QuorumWatch>
+    ) -> Result<Box<dyn ReleaseWatch>>
     where
         Fut: Future<Output = Result<Box<dyn ReleaseWatch>>> + Send + 'a,
     {
@@ -81,7 +80,7 @@ impl RedlockBackend {
                 "could subscribe to {what} on only {all} of {n} redlock nodes (need {need})"
             )));
         }
-        Ok(watch::QuorumWatch::new(got, wake, keep, spread))
+        Ok(Box::new(watch::QuorumWatch::new(got, wake, keep, spread)))
     }
 
     /// The nodes' answers as they come in (`None`: none), until `done` says those in decide,
@@ -160,8 +159,7 @@ impl Backend for RedlockBackend {
     /// random pause (waiters that do not queue: `wait=retry`).
     async fn watch(&self, req: &AcquireRequest) -> Result<Box<dyn ReleaseWatch>> {
         let watch = |b: Arc<RedisNode>| async move { b.watch(req).await };
-        let w = self.quorum_watch(None, self.node_timeout(), watch).await?;
-        Ok(Box::new(w))
+        self.quorum_watch(None, self.node_timeout(), watch).await
     }
 
     /// Waits in the nodes' wait queues, woken by the nodes where this waiter is first (see
@@ -173,11 +171,10 @@ impl Backend for RedlockBackend {
         deadline: Option<std::time::Instant>,
         cancel: &CancellationToken,
     ) -> Result<Option<Granted>> {
-        match self.health.cfg.wait {
-            WaitMode::Queue => self.queued_wait(req, deadline, cancel).await,
-            WaitMode::Retry => {
-                distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await
-            }
+        if self.health.cfg.queue {
+            self.queued_wait(req, deadline, cancel).await
+        } else {
+            distlock_core::wait::watch_and_retry(self, req, deadline, cancel).await
         }
     }
 
@@ -310,10 +307,7 @@ impl Backend for RedlockBackend {
     /// majority, else a retryable error); see `watch::QuorumWatch`.
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
         let observe = |b: Arc<RedisNode>| async move { Backend::observe(b.backend(), name).await };
-        let w = self
-            .quorum_watch(Some(name), Duration::ZERO, observe)
-            .await?;
-        Ok(Box::new(w))
+        self.quorum_watch(Some(name), Duration::ZERO, observe).await
     }
 
     fn operator(&self) -> Option<&dyn distlock_core::Operator> {

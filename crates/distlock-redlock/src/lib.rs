@@ -47,11 +47,11 @@ impl RedlockBackend {
     /// (its quarantine set): the epoch is its one write.
     pub async fn connect(url: &str, opts: &ClientOptions) -> Result<Self> {
         opts.validate()?;
-        let cfg = config::parse(url, opts)?;
+        let (cfg, nodes) = config::parse(url, opts)?;
         let stop = CancellationToken::new();
         let b = RedlockBackend {
             health: Arc::new(Health {
-                nodes: cfg.nodes.iter().map(node::Node::new).collect(),
+                nodes,
                 cfg,
                 opts: opts.clone(),
                 max_lease_ms: Default::default(),

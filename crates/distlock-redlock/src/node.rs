@@ -6,7 +6,7 @@
 //! when an operation saw something suspicious on it. Why each rule is there: `docs/redlock.md`,
 //! "Node health".
 
-use crate::config::{Config, NodeAddr};
+use crate::config::Config;
 use crate::tally::quorum;
 use distlock_core::{ClientOptions, Error, Result};
 use distlock_redis::{RedisNode, ServerInfo};
@@ -20,11 +20,12 @@ use tokio_util::sync::CancellationToken;
 /// Shortest pause between two checks of one node, so errors do not turn into a check storm.
 const MIN_CHECK_GAP: Duration = Duration::from_millis(25);
 
-/// One node.
+/// One node: `host:port` for messages, the URL its `RedisNode` connects with, and what this
+/// client knows about it.
 #[derive(Default)]
 pub(crate) struct Node {
     pub(crate) endpoint: String,
-    url: String,
+    pub(crate) url: String,
     state: Mutex<NodeState>,
     check_now: Notify,
     /// One initialisation of this node at a time (per client).
@@ -89,14 +90,6 @@ pub(crate) fn quarantine_left(epoch: &str, node_now_ms: u64) -> Option<Duration>
 }
 
 impl Node {
-    pub(crate) fn new(addr: &NodeAddr) -> Node {
-        Node {
-            endpoint: addr.endpoint.clone(),
-            url: addr.url.clone(),
-            ..Node::default()
-        }
-    }
-
     fn state(&self) -> MutexGuard<'_, NodeState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

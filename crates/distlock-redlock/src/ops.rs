@@ -1,11 +1,6 @@
-//! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor`.
-//!
-//! Every command asks each node on its own (a node's layout of a Redlock mutex — `NS:{NAME}`
-//! hash `attempt`, `token`, `owner` and `NS:{NAME}:fence` — is the single-server mutex's, so
-//! distlock-redis's SCAN and forced-release script work per node) and merges the answers the way
-//! the lock itself does: a holder is an attempt a majority of nodes has. Where fewer than all
-//! nodes agree, the owner string says so (`OWNER (on k of N nodes)`), so an operator sees a
-//! half-applied grant or release instead of a clean answer that hides it.
+//! Operator commands: `dlock list`, `dlock release --force`, `dlock doctor`. Each asks every
+//! node on its own and merges the answers the way the lock does (see `docs/redlock.md`,
+//! "Operator commands").
 
 use crate::node::{epoch_valid, quarantine_left, View};
 use crate::tally;

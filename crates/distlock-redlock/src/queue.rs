@@ -2,7 +2,6 @@
 //! on every node, votes as a waiter (entering each node's queue at its place), and sleeps until
 //! the nodes where it is first wake it, or its heartbeat (the backstop for a lost message).
 
-use crate::watch::QuorumWatch;
 use crate::RedlockBackend;
 use distlock_core::backend::{
     wait, AcquireReply, AcquireRequest, Attempt, Deadline, Granted, ReleaseWatch, WaitStrategy,
@@ -30,7 +29,7 @@ struct Queued<'a> {
     req: AcquireRequest,
     place: u64,
     /// Armed before every vote that may queue, so no wake-up can come before it.
-    watch: Option<QuorumWatch>,
+    watch: Option<Box<dyn ReleaseWatch>>,
     /// A request was sent: the attempt must be given up if the wait ends without a grant.
     sent: bool,
 }
