@@ -172,26 +172,29 @@ impl Cluster {
     /// `part` run for every master at once ([`plan`]; `None`: no master known for the slots)
     /// with the items (indexes into `slots`) of its slots, in scripts of one slot, and its
     /// results (one per item, in the order of its scripts) put back in the order of `slots`
-    /// (`None`: a part that answered too few): one pipeline per master, not a round trip per
-    /// lock, for the renewal and the reading of many locks.
+    /// (of a part that answered too few: an unexpected reply to `what`): one pipeline per
+    /// master, not a round trip per lock, for the renewal and the reading of many locks.
     pub(crate) async fn per_master<T, Fut>(
         &self,
+        b: &crate::RedisBackend,
+        what: &str,
         slots: &[u16],
         part: impl Fn(Option<Master>, Vec<Vec<usize>>) -> Fut,
-    ) -> RedisResult<Vec<Option<T>>>
+    ) -> Result<Vec<Result<T>>>
     where
-        Fut: Future<Output = Vec<T>>,
+        Fut: Future<Output = Vec<Result<T>>>,
     {
-        let masters = self.masters().await?;
+        let masters = self.masters().await.map_err(|e| b.err(e))?;
         let plan = plan(slots, &masters);
         let parts = (plan.iter()).map(|(m, idx)| part(m.map(|m| masters[m].clone()), idx.clone()));
-        let mut out: Vec<Option<T>> = (0..slots.len()).map(|_| None).collect();
+        let mut out: Vec<Option<Result<T>>> = (0..slots.len()).map(|_| None).collect();
         for (idx, results) in plan.values().zip(join_all(parts).await) {
             for (&i, r) in idx.iter().flatten().zip(results) {
                 out[i] = Some(r);
             }
         }
-        Ok(out)
+        let missing = || Err(crate::error::shape(what, &Value::Nil));
+        Ok(out.into_iter().map(|o| o.unwrap_or_else(missing)).collect())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<Vec<Master>>>> {
@@ -332,15 +335,8 @@ pub(crate) async fn open(
     let client = builder
         .build()
         .map_err(|e| Error::invalid(format!("redis+cluster seeds: {e}")))?;
-    let limit = opts.get_connect_timeout() * 2;
-    let con = tokio::time::timeout(limit, client.get_async_connection())
-        .await
-        .map_err(|_| {
-            let why = format!(
-                "no seed answered within {limit:?} (are the nodes paused or behind a firewall?)"
-            );
-            Error::connection(KIND, endpoint.to_owned(), why)
-        })?
+    let con = crate::conn::in_time(opts, endpoint, "any seed", client.get_async_connection())
+        .await?
         .map_err(|e| map(endpoint, e))?;
     let cluster = Cluster::new(con, opts);
     let masters = cluster.masters().await.map_err(|e| map(endpoint, e))?;

@@ -97,20 +97,8 @@ async fn single(
             ));
         }
     }
-    let limit = opts.get_connect_timeout() * 2;
-    let con = tokio::time::timeout(
-        limit,
-        ConnectionManager::new_with_config(client.clone(), config(opts)),
-    )
-    .await
-    .map_err(|_| {
-        Error::connection(
-            KIND,
-            endpoint.to_owned(),
-            format!("no answer within {limit:?} (is the server paused or behind a firewall?)"),
-        )
-    })?;
-    let mut con = match con {
+    let connecting = ConnectionManager::new_with_config(client.clone(), config(opts));
+    let mut con = match in_time(opts, endpoint, "the server", connecting).await? {
         Ok(c) => c,
         Err(e)
             if e.kind() == redis::ErrorKind::AuthenticationFailed
@@ -124,6 +112,20 @@ async fn single(
         return Err(a.conn.invalid(cluster::NOT_STANDALONE));
     }
     Ok((Con::single(con, client.clone(), opts), client))
+}
+
+/// `connecting` (to `who`) within twice the connect timeout, else a connection error.
+pub(crate) async fn in_time<T>(
+    opts: &ClientOptions,
+    endpoint: &str,
+    who: &str,
+    connecting: impl std::future::Future<Output = T>,
+) -> Result<T> {
+    let limit = opts.get_connect_timeout() * 2;
+    tokio::time::timeout(limit, connecting).await.map_err(|_| {
+        let why = format!("no answer from {who} within {limit:?} (paused, or behind a firewall?)");
+        Error::connection(KIND, endpoint.to_owned(), why)
+    })
 }
 
 /// True when the server behind `client` (whose credentials it refused) answers `PING` on a
@@ -258,12 +260,8 @@ impl Single {
 
     /// A call on the connection timed out: go on with a fresh one.
     pub(crate) fn timed_out(&self) {
-        {
-            let mut last = crate::lock(&self.replaced);
-            if last.is_some_and(|t| t.elapsed() < self.gap) {
-                return;
-            }
-            *last = Some(Instant::now());
+        if !crate::once_per(&self.replaced, self.gap) {
+            return;
         }
         // The client is read-locked until the fresh connection is in place, so that a
         // concurrent `switch` (a failover) cannot be undone by a connection to the old node.

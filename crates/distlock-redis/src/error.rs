@@ -92,6 +92,11 @@ pub(crate) fn superfluous_password(endpoint: &str) -> Error {
     ))
 }
 
+/// An unexpected `what` in the replies to `doing` lock `name` (`inspect of`, `forced release of`).
+pub(crate) fn unexpected(doing: &str, name: &str, what: &str) -> Error {
+    Error::unexpected(KIND, format!("{doing} `{name}`: unexpected {what}"))
+}
+
 pub(crate) fn shape(what: &str, got: &redis::Value) -> Error {
     Error::unexpected(KIND, format!("{what}: unexpected reply {got:?}"))
 }

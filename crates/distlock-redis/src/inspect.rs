@@ -162,9 +162,7 @@ impl<'a> Reading<'a> {
         if !matches!(fam, Family::Sem { .. }) {
             vals.push(Value::Nil);
         }
-        let bad = |what: &str| -> Error {
-            Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
-        };
+        let bad = |what: &str| crate::error::unexpected("inspect of", name, what);
         let (fields, pttl, fence, waiters, queue, (secs, micros), exps, limit): Replies =
             redis::from_redis_value(Value::Array(vals))
                 .map_err(|e| bad(&format!("replies: {e}")))?;
@@ -254,11 +252,8 @@ pub(crate) async fn inspect_many(
             }
         }
     };
-    (cluster.per_master(&slots, read).await)
-        .map_err(|e| b.err(e))?
-        .into_iter()
-        .map(|o| o.unwrap_or_else(|| Err(crate::error::shape("inspect", &Value::Nil))))
-        .collect()
+    let infos = cluster.per_master(b, "inspect", &slots, read).await?;
+    infos.into_iter().collect()
 }
 
 /// The locks `locks` read over `con`, [`PER_PIPELINE`] a round trip.

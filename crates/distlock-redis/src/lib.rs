@@ -32,7 +32,7 @@ use distlock_core::{Backend, ClientOptions, Error, LockInfo, LockKind, ReleaseOu
 use redis::aio::ConnectionManager;
 use redis::Value;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The Redis backend. Build it with [`RedisBackend::connect`] (or through `distlock::connect`).
 pub struct RedisBackend {
@@ -651,6 +651,17 @@ impl RedisBackend {
 /// panicking holder leaves whole (a value replaced at once, a few map operations).
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether `gap` has passed since the last yes (kept in `last`): a burst of calls gets one yes
+/// per `gap`.
+fn once_per(last: &std::sync::Mutex<Option<Instant>>, gap: Duration) -> bool {
+    let mut last = lock(last);
+    let due = last.is_none_or(|t| t.elapsed() >= gap);
+    if due {
+        *last = Some(Instant::now());
+    }
+    due
 }
 
 /// Key suffix of an election, after `NS:{NAME}`.

@@ -227,12 +227,7 @@ pub(crate) async fn force_release(
     // right behind the script, as an acquire's.
     let cmd = SCRIPTS.force_release.cmd(&keys, &args);
     let (reply, acked) = (b.eval_ending(&SCRIPTS.all(), &cmd, None, b.wait_replicas)).await?;
-    let bad = |what: &str| {
-        Error::unexpected(
-            KIND,
-            format!("forced release of `{name}`: unexpected {what}"),
-        )
-    };
+    let bad = |what: &str| crate::error::unexpected("forced release of", name, what);
     let (fields, pttl, exps, now_ms, token): ForceReply =
         redis::from_redis_value(reply).map_err(|_| bad("reply"))?;
     let fencing_token = token.parse().map_err(|_| bad("counter"))?;

@@ -76,32 +76,28 @@ fn deliver(subs: &Subscriptions<String>, channel: &str, payload: &[u8]) {
     let key = channel.to_owned();
     let text = String::from_utf8_lossy(payload);
     let mut parts = text.splitn(4, ' ');
-    match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some("h"), Some(token), Some(attempt), request) => match token.parse() {
-            // A handoff to another attempt (of this client or another) wakes nobody here. It
-            // names the waiter's request it followed (`crate::requests`); an older script's
-            // does not (0: confirmed by an attempt).
-            Ok(t) => {
-                let request = request.and_then(|r| r.parse().ok()).unwrap_or(0);
-                subs.notify_handoff_after(&key, attempt, t, request);
-            }
-            // Cannot happen with our scripts; waking the waiters makes them try, and the
-            // attempt it names claims the handoff.
-            Err(_) => {
-                subs.notify_released(&key);
-            }
-        },
+    // A handoff or a wake-up (attempt, token, request), or else a release.
+    let handoff = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        // A handoff to another attempt (of this client or another) wakes nobody here. It
+        // names the waiter's request it followed (`crate::requests`); an older script's
+        // does not (0: confirmed by an attempt). A token that does not parse cannot happen
+        // with our scripts: it is a release, waking the waiters makes them try, and the
+        // attempt it names claims the handoff.
+        (Some("h"), Some(token), Some(attempt), request) => token.parse().ok().map(|t| {
+            let request = request.and_then(|r| r.parse().ok()).unwrap_or(0);
+            (attempt, t, request)
+        }),
         // A wake-up for one waiting attempt (the contended mode's release freed the lock and
         // names the oldest waiter, see `crate::contended`): the core's table wakes one attempt
         // only through a handoff, so it is passed as one of token 0 — no grant: every wake-up
         // is confirmed by an attempt, which asks for the free lock like anyone else.
-        (Some("w"), Some(attempt), None, None) => {
-            subs.notify_handoff(&key, attempt, 0);
-        }
-        _ => {
-            subs.notify_released(&key);
-        }
-    }
+        (Some("w"), Some(attempt), None, None) => Some((attempt, 0, 0)),
+        _ => None,
+    };
+    match handoff {
+        Some((attempt, t, request)) => subs.notify_handoff_after(&key, attempt, t, request),
+        None => subs.notify_released(&key),
+    };
 }
 
 impl Subscriber {

@@ -124,11 +124,7 @@ async fn renew_cluster(
             failed(b, Error::connection(KIND, b.endpoint.clone(), why), n)
         })
     };
-    let results = (cluster.per_master(&slots, renew).await)
-        .map_err(|e| b.err(e))?
-        .into_iter()
-        .map(|o| o.unwrap_or_else(|| Err(shape("renew", &Value::Nil))))
-        .collect();
+    let results = cluster.per_master(b, "renew", &slots, renew).await?;
     RenewOutcome::each(KIND, holds, results)
 }
 

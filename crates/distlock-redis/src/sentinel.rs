@@ -144,14 +144,11 @@ pub(crate) async fn is_master(
         .await
         .map_err(|_| Error::call_timeout(KIND, endpoint, "ROLE", timeout))?
         .map_err(|e| crate::error::map(endpoint, e))?;
-    let first = match &role {
-        redis::Value::Array(items) => items.first(),
-        _ => None,
+    let redis::Value::Array(items) = &role else {
+        return Ok(false);
     };
-    Ok(
-        first
-            .is_some_and(|r| redis::from_redis_value_ref::<String>(r).is_ok_and(|r| r == "master")),
-    )
+    let master = |r| redis::from_redis_value_ref::<String>(r).is_ok_and(|r| r == "master");
+    Ok(items.first().is_some_and(master))
 }
 
 /// Keeps a backend's connections on the master the sentinels name.
@@ -240,15 +237,9 @@ impl Follower {
 
     /// Starts a check in a task, unless one runs or one started within [`CHECK_GAP`].
     fn check_soon(self: &Arc<Self>) {
-        {
-            let mut last = crate::lock(&self.last_check);
-            if last.is_some_and(|t| t.elapsed() < CHECK_GAP) {
-                return;
-            }
-            *last = Some(Instant::now());
-        }
-        let me = self.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let rt = tokio::runtime::Handle::try_current();
+        if let (true, Ok(rt)) = (crate::once_per(&self.last_check, CHECK_GAP), rt) {
+            let me = self.clone();
             rt.spawn(async move { me.check(Duration::ZERO).await });
         }
     }

@@ -44,6 +44,23 @@ pub(crate) enum Dialect {
     PythonRedisLock,
 }
 
+/// A dialect's words, as data (the code that uses them is written once): its `dialect=` value;
+/// its lock and keys of lock `NAME`, in the peer's words; the lock key's prefix before `NAME`,
+/// its Redis type, the command that reads it, what it holds; the part of dlock's own keys'
+/// names (`NS:PART:…`); its family in `renew_many.lua`; the note of its capabilities.
+struct Words {
+    param: &'static str,
+    peer: &'static str,
+    keys: &'static str,
+    prefix: &'static str,
+    redis_type: &'static str,
+    read: &'static str,
+    holds: &'static str,
+    part: &'static str,
+    renew: &'static str,
+    note: &'static str,
+}
+
 impl Dialect {
     /// The `dialect=` parameter of `cs`, if any.
     pub(crate) fn from_url(cs: &ConnectionString) -> Result<Option<Dialect>> {
@@ -57,32 +74,62 @@ impl Dialect {
         }
     }
 
-    /// The parameter's value.
-    pub(crate) fn as_str(self) -> &'static str {
+    fn words(self) -> &'static Words {
         match self {
-            Dialect::Redisson => "redisson",
-            Dialect::PythonRedisLock => "python-redis-lock",
+            Dialect::Redisson => &Words {
+                param: "redisson",
+                peer: "Redisson's RLock",
+                keys: "hash NAME, channel redisson_lock__channel:{NAME}",
+                prefix: "",
+                redis_type: "hash",
+                read: "HGETALL",
+                holds: "a Redisson lock hash",
+                part: "redisson",
+                renew: "r",
+                note: "dialect=redisson speaks Redisson's plain RLock only: use a mutex, or dlock's own layout (no dialect=) for other kinds",
+            },
+            Dialect::PythonRedisLock => &Words {
+                param: "python-redis-lock",
+                peer: "python-redis-lock's Lock",
+                keys: "lock:NAME, signal list lock-signal:NAME",
+                prefix: "lock:",
+                redis_type: "string",
+                read: "GET",
+                holds: "a python-redis-lock string",
+                part: "pyrl",
+                renew: "p",
+                note: "dialect=python-redis-lock speaks its plain Lock only: use a mutex, or dlock's own layout (no dialect=) for other kinds",
+            },
         }
     }
 
-    /// What the dialect's lock is, in the peer's words.
-    fn peer(self) -> &'static str {
+    /// The parameter's value.
+    pub(crate) fn as_str(self) -> &'static str {
+        self.words().param
+    }
+
+    /// The start of every holder id of `attempt`'s grants: Redisson's field `UUID:`,
+    /// python-redis-lock's id `dlock:ATTEMPT:`.
+    fn attempt_prefix(self, attempt: &AttemptId) -> String {
         match self {
-            Dialect::Redisson => "Redisson's RLock",
-            Dialect::PythonRedisLock => "python-redis-lock's Lock",
+            Dialect::Redisson => format!("{}:", client_uuid(attempt)),
+            Dialect::PythonRedisLock => format!("dlock:{}:", attempt.as_str()),
+        }
+    }
+
+    /// A dlock grant's holder id: Redisson's field `UUID:TOKEN`, python-redis-lock's id
+    /// `dlock:ATTEMPT:TOKEN:OWNER`.
+    fn held_by(self, g: &GrantRef) -> String {
+        let id = format!("{}{}", self.attempt_prefix(&g.attempt), g.token);
+        match self {
+            Dialect::Redisson => id,
+            Dialect::PythonRedisLock => format!("{id}:{}", g.key.owner),
         }
     }
 
     /// The lock kinds the dialect speaks: the plain mutex.
     pub(crate) fn capabilities(self) -> Capabilities {
-        Capabilities::kinds(&[LockKind::Mutex]).note(match self {
-            Dialect::Redisson => {
-                "dialect=redisson speaks Redisson's plain RLock only: use a mutex, or dlock's own layout (no dialect=) for other kinds"
-            }
-            Dialect::PythonRedisLock => {
-                "dialect=python-redis-lock speaks its plain Lock only: use a mutex, or dlock's own layout (no dialect=) for other kinds"
-            }
-        })
+        Capabilities::kinds(&[LockKind::Mutex]).note(self.words().note)
     }
 }
 
@@ -141,11 +188,6 @@ pub(crate) struct Layout {
     namespace: String,
 }
 
-/// A python-redis-lock id of a dlock grant: its prefix `dlock:ATTEMPT:`.
-fn pyrl_prefix(attempt: &AttemptId) -> String {
-    format!("dlock:{}:", attempt.as_str())
-}
-
 /// `dlock:ATTEMPT:TOKEN:OWNER`: the owner of a dlock grant's python-redis-lock id, if it is
 /// one.
 fn pyrl_owner(id: &str) -> Option<(u64, &str)> {
@@ -165,10 +207,7 @@ impl Layout {
 
     /// The peer's lock key of `name`: `NAME` (Redisson) or `lock:NAME` (python-redis-lock).
     pub(crate) fn lock_key(&self, name: &str) -> String {
-        match self.dialect {
-            Dialect::Redisson => name.to_owned(),
-            Dialect::PythonRedisLock => format!("lock:{name}"),
-        }
+        [self.dialect.words().prefix, name].concat()
     }
 
     /// Redisson's unlock channel of `name`: its `prefixName`, `PREFIX:{NAME}`, or `PREFIX:NAME`
@@ -187,10 +226,7 @@ impl Layout {
 
     /// dlock's key `what` for lock `name`, in the lock key's slot.
     fn own(&self, what: &str, name: &str) -> Result<String> {
-        let prefix = match self.dialect {
-            Dialect::Redisson => format!("{}:redisson:{what}", self.namespace),
-            Dialect::PythonRedisLock => format!("{}:pyrl:{what}", self.namespace),
-        };
+        let prefix = format!("{}:{}:{what}", self.namespace, self.dialect.words().part);
         beside(&prefix, &self.lock_key(name))
     }
 
@@ -207,35 +243,17 @@ impl Layout {
         Ok(format!("{}:{}", self.own("ended", name)?, attempt.as_str()))
     }
 
-    /// The Redisson field of a dlock grant.
-    fn field(grant: &GrantRef) -> String {
-        format!("{}:{}", client_uuid(&grant.attempt), grant.token)
-    }
-
-    /// The python-redis-lock id of a dlock grant.
-    fn pyrl_id(grant: &GrantRef) -> String {
-        format!(
-            "{}{}:{}",
-            pyrl_prefix(&grant.attempt),
-            grant.token,
-            grant.key.owner
-        )
-    }
-
     /// The grant's part of `renew_many.lua`.
     pub(crate) fn renew_keys<'a>(&self, grant: &GrantRef) -> Result<RenewKeys<'a>> {
         let name = &grant.key.name;
-        Ok(match self.dialect {
-            Dialect::Redisson => RenewKeys {
-                keys: vec![self.lock_key(name), self.names_key(name)?],
-                family: "r",
-                held_by: Self::field(grant).into(),
-            },
-            Dialect::PythonRedisLock => RenewKeys {
-                keys: vec![self.lock_key(name)],
-                family: "p",
-                held_by: Self::pyrl_id(grant).into(),
-            },
+        let mut keys = vec![self.lock_key(name)];
+        if self.dialect == Dialect::Redisson {
+            keys.push(self.names_key(name)?);
+        }
+        Ok(RenewKeys {
+            keys,
+            family: self.dialect.words().renew,
+            held_by: self.dialect.held_by(grant).into(),
         })
     }
 
@@ -247,24 +265,17 @@ impl Layout {
                 "dialect",
                 "dlock's own layout (NS:{NAME}…): shared with dlock clients only; add ?dialect=redisson or ?dialect=python-redis-lock to lock the keys of those libraries",
             ),
-            Some(l) => Finding::new(
-                Severity::Ok,
-                "dialect",
-                format!(
-                    "dialect={}: mutexes on {} keys ({}), shared with its clients; dlock's fencing counters under `{}:{}:…`; no FIFO queue or handoff (docs/redis-dialects.md)",
-                    l.dialect.as_str(),
-                    l.dialect.peer(),
-                    match l.dialect {
-                        Dialect::Redisson => "hash NAME, channel redisson_lock__channel:{NAME}",
-                        Dialect::PythonRedisLock => "lock:NAME, signal list lock-signal:NAME",
-                    },
-                    l.namespace,
-                    match l.dialect {
-                        Dialect::Redisson => "redisson",
-                        Dialect::PythonRedisLock => "pyrl",
-                    }
-                ),
-            ),
+            Some(l) => {
+                let w = l.dialect.words();
+                Finding::new(
+                    Severity::Ok,
+                    "dialect",
+                    format!(
+                        "dialect={}: mutexes on {} keys ({}), shared with its clients; dlock's fencing counters under `{}:{}:…`; no FIFO queue or handoff (docs/redis-dialects.md)",
+                        w.param, w.peer, w.keys, l.namespace, w.part
+                    ),
+                )
+            }
         }
     }
 }
@@ -279,10 +290,7 @@ fn on_key(l: &Layout, name: &str, e: Error) -> Error {
                 format!(
                     "key `{}` holds data of another type, not {} ({message}); with dialect={} the lock is that key itself, so another application's data under the same name gets in the way: choose a lock name no other data uses",
                     l.lock_key(name),
-                    match l.dialect {
-                        Dialect::Redisson => "a Redisson lock hash",
-                        Dialect::PythonRedisLock => "a python-redis-lock string",
-                    },
+                    l.dialect.words().holds,
                     l.dialect.as_str()
                 ),
             )
@@ -312,7 +320,7 @@ pub(crate) async fn acquire(
                 .cmd(&[&lock, &fence, &names, &ended], &[&id, owner, &lease])
         }
         Dialect::PythonRedisLock => {
-            let prefix = pyrl_prefix(&req.attempt);
+            let prefix = l.dialect.attempt_prefix(&req.attempt);
             SCRIPTS
                 .pyrl_acquire
                 .cmd(&[&lock, &fence, &ended], &[&prefix, owner, &lease])
@@ -342,11 +350,9 @@ pub(crate) async fn release(
     grant: Option<&GrantRef>,
 ) -> Result<ReleaseOutcome> {
     // The grant's field or id, or its prefix for a give-up.
-    let (held_by, mode) = match (l.dialect, grant) {
-        (Dialect::Redisson, Some(g)) => (Layout::field(g), "release"),
-        (Dialect::PythonRedisLock, Some(g)) => (Layout::pyrl_id(g), "release"),
-        (Dialect::Redisson, None) => (format!("{}:", client_uuid(attempt)), "giveup"),
-        (Dialect::PythonRedisLock, None) => (pyrl_prefix(attempt), "giveup"),
+    let (held_by, mode) = match grant {
+        Some(g) => (l.dialect.held_by(g), "release"),
+        None => (l.dialect.attempt_prefix(attempt), "giveup"),
     };
     let name = &key.name;
     let lock = l.lock_key(name);
@@ -431,10 +437,7 @@ fn pyrl_holder(id: &str, left: Option<Duration>) -> (HolderInfo, Option<u64>) {
 pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<LockInfo> {
     let lock = l.lock_key(name);
     let mut pipe = redis::pipe();
-    match l.dialect {
-        Dialect::Redisson => pipe.cmd("HGETALL").arg(&lock),
-        Dialect::PythonRedisLock => pipe.cmd("GET").arg(&lock),
-    };
+    pipe.cmd(l.dialect.words().read).arg(&lock);
     pipe.cmd("PTTL").arg(&lock);
     pipe.cmd("GET").arg(l.fence_key(name)?);
     if l.dialect == Dialect::Redisson {
@@ -444,9 +447,7 @@ pub(crate) async fn inspect(b: &RedisBackend, l: &Layout, name: &str) -> Result<
     if vals.len() == 3 {
         vals.push(Value::Array(Vec::new()));
     }
-    let bad = |what: &str| -> Error {
-        Error::unexpected(KIND, format!("inspect of `{name}`: unexpected {what}"))
-    };
+    let bad = |what: &str| crate::error::unexpected("inspect of", name, what);
     let (held, pttl, fence, names): (Value, i64, Option<String>, Vec<(String, String)>) =
         redis::from_redis_value(Value::Array(vals)).map_err(|e| bad(&format!("replies: {e}")))?;
     let (left, counter) = (ms(pttl), crate::counter(&l.fence_key(name)?, fence)?);
@@ -481,22 +482,15 @@ fn redisson_like(fields: &[(String, String)]) -> bool {
 /// ones: the peers leave nothing behind a release). Redisson's are the hashes that look like
 /// its locks ([`redisson_like`]); python-redis-lock's the strings `lock:…`.
 pub(crate) async fn list(b: &RedisBackend, l: &Layout, prefix: &str) -> Result<Vec<ListedLock>> {
-    let escaped = crate::ops::glob_escape(prefix);
-    let (pattern, kind) = match l.dialect {
-        Dialect::Redisson => (format!("{escaped}*"), "hash"),
-        Dialect::PythonRedisLock => (format!("lock:{escaped}*"), "string"),
-    };
+    let w = l.dialect.words();
+    let pattern = l.lock_key(&crate::ops::glob_escape(prefix)) + "*";
     let mut keys = Vec::new();
-    crate::ops::scan(b, &pattern, Some(kind), |batch| keys.extend(batch)).await?;
+    crate::ops::scan(b, &pattern, Some(w.redis_type), |batch| keys.extend(batch)).await?;
     keys.sort();
     let mut out = Vec::new();
     for key in keys {
-        let name = match l.dialect {
-            Dialect::Redisson => key.as_str(),
-            Dialect::PythonRedisLock => match key.strip_prefix("lock:") {
-                Some(n) => n,
-                None => continue,
-            },
+        let Some(name) = key.strip_prefix(w.prefix) else {
+            continue;
         };
         // Names no key of dlock's can sit beside (see `beside`) are not dlock's to show.
         if !name.starts_with(prefix) || beside("x", &key).is_err() {
@@ -536,12 +530,7 @@ pub(crate) async fn force_release(
         ),
     };
     let (v, _) = b.eval_ending(&SCRIPTS.all(), &cmd, None, None).await?;
-    let bad = |_| {
-        Error::unexpected(
-            KIND,
-            format!("forced release of `{name}`: unexpected reply"),
-        )
-    };
+    let bad = |_| crate::error::unexpected("forced release of", name, "reply");
     let (held, pttl, names, fence): (Value, i64, Vec<(String, String)>, Option<String>) =
         redis::from_redis_value(v).map_err(bad)?;
     let left = ms(pttl);

@@ -1,9 +1,6 @@
 //! One node's part in Redlock (`distlock-redlock`, several independent Redis masters): the
-//! single-node steps the quorum logic there is built from, each one round trip — a vote (with
-//! the node's epoch check, restart quarantine, fencing counter and wait queue: a free lock goes
-//! to the node's first live waiter, and a release wakes that waiter alone), raising the counter
-//! to the token a majority chose, releasing or renewing one attempt's hold, the node epoch,
-//! raising counters past a forced release. The scripts are `scripts/quorum_*.lua`.
+//! single-node steps the quorum logic there is built from, each one round trip, in
+//! `scripts/quorum_*.lua` (docs/redlock.md, "Acquire", "Waiting" and "Node health").
 //!
 //! Every per-node hold is addressed by the attempt id that won it (unique forever), so retried
 //! and late requests have the effect of one and never touch another attempt's hold; re-entry
@@ -196,31 +193,23 @@ impl RedisNode {
     }
 
     /// This node's vote on attempt `attempt` of `key` with `lease`, if the node's epoch is
-    /// `epoch`: a fresh grant (incrementing the fencing counter), "this attempt holds it
-    /// already" (the same hold, lease made to run at least `lease` from now), "held by
-    /// another attempt", or "free, but another waiter is first in this node's queue" (a
-    /// free lock goes to the first live waiter of the node's queue). Every answer carries the
-    /// node's fencing counter and its restart quarantine. An election's `value` (an election's
-    /// key kind; `None` is the empty value) is stored with a fresh grant, and the grant is told
-    /// on the election's observe channel; a lock ignores `value`.
+    /// `epoch` (docs/redlock.md, "Acquire", step 1): granted, the same hold, held by another
+    /// attempt, or behind the first live waiter of the node's queue; each answer with the
+    /// node's fencing counter and restart quarantine. An election's `value` (`None`: empty) is
+    /// stored with a fresh grant and told on its observe channel; a lock ignores `value`.
     ///
-    /// `queue`: `None` votes without queueing (a try). `Some((waiter_ttl, place))` votes as a
-    /// waiter: unless the lock is free here with nobody ahead (then it is granted as a try is),
-    /// it enters (or stays in) the node's wait queue at `place` — the waiter's place, the same
-    /// on every node, so that all nodes order the waiters they have alike (ties by attempt id)
-    /// — alive for `waiter_ttl` from now (each vote refreshes it; a waiter that stops
-    /// refreshing drops out), naming this client's wake channel, where the node tells it its
-    /// turn (arm [`wake_watch`](Self::wake_watch) first). The entry is removed by the
-    /// attempt's release or give-up, never by its grant (a round that fails keeps the place).
+    /// `queue`: `None` votes as a try; `Some((waiter_ttl, place))` as a waiter at `place` in
+    /// the node's queue, alive for `waiter_ttl`, naming this client's wake channel (arm
+    /// [`wake_watch`](Self::wake_watch) first; docs/redlock.md, "Waiting", step 3). The entry
+    /// is removed by the attempt's release or give-up, never by its grant.
     ///
     /// # Cancel safety
-    /// A vote dropped after it was sent may still run on the node and grant the hold; it is
-    /// addressed to `attempt`, so [`give_back`](Self::give_back) (or `give_up`) of that attempt
-    /// removes it, and a retry of the same attempt returns the same hold. A vote without an
-    /// answer (dropped, or timed out) makes that attempt's `give_up` and `release` on this node
-    /// set its end record first, so the vote, should it arrive after them, is refused
-    /// (answered as held by another: see the crate's `ended` module and `docs/redlock.md`). A
-    /// queue entry left behind drops out after `waiter_ttl`, and `give_up` removes it.
+    /// A vote dropped after it was sent may still grant the hold; it is addressed to `attempt`,
+    /// so [`give_back`](Self::give_back) (or `give_up`) removes it, and a retry of the same
+    /// attempt returns the same hold. A vote without an answer makes the attempt's `give_up`
+    /// and `release` here set its end record first, so the vote, should it arrive after them,
+    /// is refused (docs/redlock.md, "Ended attempts stay ended"). A queue entry left behind
+    /// drops out after `waiter_ttl`, and `give_up` removes it.
     pub async fn vote(
         &self,
         key: &HoldKey,
@@ -298,9 +287,8 @@ impl RedisNode {
 
     /// Deletes this node's hold of `attempt` on `name` (a lock or an election, by `kind`; an
     /// election's observers are told) if it has token `token` (`None`: whatever token), and
-    /// only that one: a grant's release. The attempt also leaves the
-    /// node's wait queue, and if the lock is free here afterwards the first live waiter is
-    /// woken on its own channel (with nobody queued, `r` goes to the lock's channel).
+    /// only that one: a grant's release. The attempt also leaves the node's wait queue, and a
+    /// lock left free here wakes its first live waiter (docs/redlock.md, "Waiting", step 6).
     /// `Ok(Released)` if it was held here, `Ok(Expired)` if nothing is, `Ok(TakenByOther)` if
     /// another attempt holds it; `Err(stored)` if this attempt holds it here with another
     /// token (nothing changed).
@@ -406,12 +394,10 @@ impl RedisNode {
         crate::proclaimed("quorum proclaim", &v)
     }
 
-    /// Renews each grant's hold on this node so that its lease runs at least the given
-    /// duration from now, never shortening it: one script per up to 1,000 grants
-    /// (`quorum_renew_many.lua`), all in one pipelined round trip. Per grant: `Ok(Renewed)`,
+    /// Renews each grant's hold on this node, never shortening a lease, in one pipelined round
+    /// trip (docs/redlock.md, "Renew, release, give up, inspect"). Per grant: `Ok(Renewed)`,
     /// `Ok(NotHeld)` if its attempt does not hold the lock here, or `Err(stored)` if its
-    /// attempt holds it here with another token (nothing changed). Each grant is checked on
-    /// its own: a stale one is answered and left untouched, the others are renewed.
+    /// attempt holds it here with another token (nothing changed; the others are renewed).
     ///
     /// # Cancel safety
     /// Dropping it may leave some leases extended; a renewal never shortens a lease, so
@@ -514,12 +500,11 @@ impl RedisNode {
         Ok(positive_ms(pttl))
     }
 
-    /// Creates the node epoch `PREFIX:UNTIL_MS:RUN_ID` unless it exists, with its quarantine
-    /// ending `quarantine` after now by the server's clock, provided the server process still
-    /// has run id `run_id` (so a process restarted since the initialisation began, which may
-    /// have lost writes since, is not vouched for).
-    /// Returns `Ok((epoch, server time in ms))` with the epoch now in place (ours or an earlier
-    /// one), or `Err(run_id)` with the run id the server has now.
+    /// Creates the node epoch `PREFIX:UNTIL_MS:RUN_ID` unless it exists, its quarantine ending
+    /// `quarantine` after now by the server's clock, provided the server process still has run
+    /// id `run_id` (docs/redlock.md, "Node health: epochs, quarantine on the node"). Returns
+    /// `Ok((epoch, server time in ms))` with the epoch now in place (ours or an earlier one),
+    /// or `Err(run_id)` with the run id the server has now.
     ///
     /// # Cancel safety
     /// Dropping it may leave the epoch created; calling it again returns the epoch in place

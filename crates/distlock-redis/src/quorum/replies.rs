@@ -126,10 +126,7 @@ pub(super) fn uint(what: &str, v: &Value) -> Result<u64> {
 }
 
 pub(super) fn positive_ms(ms: i64) -> Option<Duration> {
-    u64::try_from(ms)
-        .ok()
-        .filter(|m| *m > 0)
-        .map(Duration::from_millis)
+    crate::inspect::ms(ms).filter(|d| !d.is_zero())
 }
 
 pub(super) fn parse_info(text: &str, now_ms: u64) -> Result<ServerInfo> {
@@ -156,11 +153,8 @@ pub(super) fn vote_reply(v: &Value) -> Result<QuorumVote> {
         Value::Int(-1) => (QuorumReply::EpochMismatch, 0, 0),
         Value::Int(c) if *c > 0 => (QuorumReply::Granted { counter: *c as u64 }, 0, 0),
         Value::Array(items) => {
-            let nums: Vec<i64> = items.iter().filter_map(int).collect();
-            if nums.len() != items.len() {
-                return Err(bad());
-            }
-            let [status, c, x, q, f] = nums[..] else {
+            let nums: Option<Vec<i64>> = items.iter().map(int).collect();
+            let Some(&[status, c, x, q, f]) = nums.as_deref() else {
                 return Err(bad());
             };
             let counter = u64::try_from(c).map_err(|_| bad())?;
