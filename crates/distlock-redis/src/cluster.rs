@@ -220,7 +220,7 @@ fn parse_slots(v: &Value) -> Option<Vec<Master>> {
         let replicas: Vec<String> = r[3..]
             .iter()
             .filter_map(node)
-            .map(|(h, p)| format!("{h}:{p}"))
+            .map(|(h, p)| Host::new(h, Some(p)).to_string())
             .collect();
         match out.iter_mut().find(|m| m.host == host && m.port == port) {
             Some(m) => m.slots.push((lo, hi)),
@@ -403,13 +403,14 @@ mod tests {
 
     #[test]
     fn cluster_slots_reply() {
-        let node = |p: i64| {
+        let node_at = |h: &str, p: i64| {
             Value::Array(vec![
-                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::BulkString(h.as_bytes().to_vec()),
                 Value::Int(p),
                 Value::BulkString(b"id".to_vec()),
             ])
         };
+        let node = |p: i64| node_at("127.0.0.1", p);
         let v = Value::Array(vec![
             Value::Array(vec![Value::Int(0), Value::Int(5), node(7000), node(7003)]),
             Value::Array(vec![Value::Int(6), Value::Int(9), node(7001)]),
@@ -425,5 +426,15 @@ mod tests {
         assert_eq!(ms[0].slots, vec![(0, 5), (10, 16383)]);
         assert_eq!(ms[0].replicas, vec!["127.0.0.1:7003".to_owned()]);
         assert!(ms[1].owns(7) && !ms[1].owns(10));
+        // IPv6 replicas are written as their master is, in brackets.
+        let v = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            node_at("::1", 7000),
+            node_at("::1", 7003),
+        ])]);
+        let ms = parse_slots(&v).expect("parsed");
+        assert_eq!(ms[0].addr(), "[::1]:7000");
+        assert_eq!(ms[0].replicas, vec!["[::1]:7003".to_owned()]);
     }
 }
