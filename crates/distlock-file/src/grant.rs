@@ -83,13 +83,7 @@ impl Inner {
             let f = match self.next_lock(t, entry, req)? {
                 Step::Lock(f) => f,
                 Step::Join => return self.add(t, entry, req, None),
-                Step::Wait(f) if arm => {
-                    match side {
-                        Side::Read => self.arm(t, entry, &key.name, f)?,
-                        Side::Write => self.queue_writer(t, entry, &key.name, f)?,
-                    }
-                    return Ok(HELD);
-                }
+                Step::Wait(f) if arm => return self.queue(t, entry, &key.name, f).map(|()| HELD),
                 Step::Wait(_) => return Ok(HELD),
             };
             // Still the lock's file? Else it was deleted or replaced after we opened it: again.

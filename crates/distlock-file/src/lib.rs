@@ -17,13 +17,12 @@ use distlock_core::backend::{
     ReleaseWatch, RenewOutcome,
 };
 use distlock_core::{ClientOptions, Error, LockInfo, LockKind, ReleaseOutcome, Result};
-use location::Target;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use table::{target, Family, Table};
+use table::{target, Family, Table, Target};
 use tokio_util::sync::CancellationToken;
 
 pub use record::{file_name, fnv1a_128};
@@ -61,13 +60,9 @@ impl FileBackend {
     ///   CephFS: see the [user page](https://github.com/distlock-rs/distlock/blob/main/docs/file-backend.md#why-this-is-a-mutex-the-safety-argument)).
     pub fn open(dir: impl AsRef<Path>, opts: &ClientOptions) -> Result<Self> {
         let dir = dir.as_ref();
-        let base = std::path::absolute(dir).map_err(|e| {
-            fs::io_error(
-                &format!("file://{}", dir.display()),
-                format!("cannot make {} absolute", dir.display()),
-                e,
-            )
-        })?;
+        let endpoint = format!("file://{}", dir.display());
+        let absolute = std::path::absolute(dir);
+        let base = absolute.map_err(fs::at(&endpoint, "cannot make an absolute path of", dir))?;
         Self::open_base(base, opts, false)
     }
 
@@ -82,8 +77,8 @@ impl FileBackend {
     /// - as [`FileBackend::open`] otherwise.
     pub fn from_url(url: &str, opts: &ClientOptions) -> Result<Self> {
         match location::parse_url(url)? {
-            Target::Default => Self::open_base(Self::default_dir(), opts, true),
-            Target::Dir(dir) => Self::open(dir, opts),
+            None => Self::open_base(Self::default_dir(), opts, true),
+            Some(dir) => Self::open(dir, opts),
         }
     }
 
@@ -194,18 +189,18 @@ fn capabilities() -> Capabilities {
     .lease_expiry(false)
 }
 
-/// The core checks the kind before it calls a backend; a direct caller of the [`Backend`]
-/// methods gets the same error here. Returns the lock's family and the side it takes.
-fn check_kind(kind: LockKind) -> Result<table::Target> {
+/// The core checks the kind and the name before it calls a backend; a direct caller of the
+/// [`Backend`] methods gets the same errors here. Returns the lock's family and the side it
+/// takes.
+fn check(kind: LockKind, name: &str) -> Result<Target> {
     capabilities().check(KIND, kind)?;
+    distlock_core::validate_name(name)?;
     target(kind).ok_or_else(|| Error::unsupported(KIND, format!("lock kind {}", kind.as_str())))
 }
 
-fn check_key(key: &HoldKey) -> Result<table::Target> {
-    let target = check_kind(key.kind)?;
-    distlock_core::validate_name(&key.name)?;
-    distlock_core::validate_owner(&key.owner)?;
-    Ok(target)
+fn check_key(key: &HoldKey) -> Result<Target> {
+    let target = check(key.kind, &key.name)?;
+    distlock_core::validate_owner(&key.owner).map(|()| target)
 }
 
 #[async_trait]
@@ -267,8 +262,7 @@ impl Backend for FileBackend {
     }
 
     async fn inspect(&self, name: &str, kind: LockKind) -> Result<LockInfo> {
-        let (family, _) = check_kind(kind)?;
-        distlock_core::validate_name(name)?;
+        let (family, _) = check(kind, name)?;
         self.inner.inspect(family, name).await
     }
 
@@ -284,8 +278,7 @@ impl Backend for FileBackend {
     }
 
     async fn observe(&self, name: &str) -> Result<Box<dyn ReleaseWatch>> {
-        check_kind(LockKind::Election)?;
-        distlock_core::validate_name(name)?;
+        check(LockKind::Election, name)?;
         Ok(Box::new(election::ObserveWatch::new(&self.inner, name)?))
     }
 

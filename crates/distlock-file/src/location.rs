@@ -7,20 +7,12 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-/// Where a `file://` URL points.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Target {
-    /// `file://`: the default directory.
-    Default,
-    /// `file:///abs/dir`.
-    Dir(PathBuf),
-}
-
 const FORMS: &str =
     "use `file://` for the default directory or `file:///absolute/dir` (three slashes)";
 
-/// Parses a `file://` URL (with the core's [`ConnectionString`]: one parser, redacted errors).
-pub(crate) fn parse_url(url: &str) -> Result<Target> {
+/// Parses a `file://` URL (with the core's [`ConnectionString`]: one parser, redacted errors)
+/// into the directory it names: `file:///abs/dir`, or `None` for `file://` (the default one).
+pub(crate) fn parse_url(url: &str) -> Result<Option<PathBuf>> {
     // `file:/x` and `file:x` are not `scheme://` URLs: say what to write instead.
     if let Some((scheme, rest)) = url.split_once(':') {
         if scheme.eq_ignore_ascii_case("file") && !rest.starts_with("//") {
@@ -56,7 +48,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
         }
     }
     if cs.raw_path().is_empty() {
-        return Ok(Target::Default);
+        return Ok(None);
     }
     let bytes = cs.path_bytes()?;
     if bytes.contains(&0) {
@@ -68,7 +60,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Target> {
             "the root directory cannot hold lock files; {FORMS}"
         )));
     }
-    Ok(Target::Dir(dir))
+    Ok(Some(dir))
 }
 
 /// The subdirectory of namespace `ns`: the namespace itself, with every byte outside
@@ -103,18 +95,18 @@ mod tests {
     #[test]
     fn urls() {
         let ok = |url: &str| parse_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
-        assert_eq!(ok("file://"), Target::Default);
-        assert_eq!(ok("FILE://"), Target::Default);
-        assert_eq!(ok("file://localhost"), Target::Default);
+        assert_eq!(ok("file://"), None);
+        assert_eq!(ok("FILE://"), None);
+        assert_eq!(ok("file://localhost"), None);
         assert_eq!(
             ok("file:///var/lib/app/locks"),
-            Target::Dir("/var/lib/app/locks".into())
+            Some("/var/lib/app/locks".into())
         );
-        assert_eq!(ok("file://localhost/a%20b/"), Target::Dir("/a b/".into()));
+        assert_eq!(ok("file://localhost/a%20b/"), Some("/a b/".into()));
         // `:` and `@` in a path are path bytes, not a port or user info.
         assert_eq!(
             ok("file:///srv/a:b@c/locks"),
-            Target::Dir("/srv/a:b@c/locks".into())
+            Some("/srv/a:b@c/locks".into())
         );
         let e = reason("file://tmp/x");
         assert!(e.contains("file:///tmp/x"), "{e}");

@@ -4,7 +4,7 @@
 //! advancing the counter alone would let no next holder in). A free lock's counter is advanced
 //! under the exclusive lock, as a grant would.
 
-use super::{check_kind, sys, FileBackend, KIND};
+use super::{check, sys, FileBackend, KIND};
 use crate::record::HoldLine;
 use crate::table::{Entry, Family};
 use distlock_core::{
@@ -51,8 +51,7 @@ impl Operator for FileBackend {
 
     async fn force_release(&self, name: &str, kind: LockKind) -> Result<ForceReleased> {
         let inner = &self.inner;
-        let (family, _) = check_kind(kind)?;
-        distlock_core::validate_name(name)?;
+        let (family, _) = check(kind, name)?;
         if family == Family::Rw {
             let rec = inner.rw_record(name).await?;
             if rec.holds.is_empty() {

@@ -137,23 +137,22 @@ impl Record {
             match key {
                 "token" => token = Some(number("token", value)?),
                 "name" => rec.name = Some(value.to_owned()),
-                "holder" => {
-                    rec.holder = Some(
-                        parse_hold(Side::Write, value, false)
-                            .ok_or_else(|| format!("its holder line `{value}` is malformed"))?,
-                    )
+                "holder" | "hold" => {
+                    let hold = match (key, value.split_once(' ')) {
+                        ("holder", _) => parse_hold(Side::Write, value, false),
+                        (_, Some(("r", rest))) => parse_hold(Side::Read, rest, true),
+                        (_, Some(("w", rest))) => parse_hold(Side::Write, rest, true),
+                        _ => None,
+                    };
+                    let hold =
+                        hold.ok_or_else(|| format!("its {key} line `{value}` is malformed"))?;
+                    match key {
+                        "holder" => rec.holder = Some(hold),
+                        _ => rec.holds.push(hold),
+                    }
                 }
                 "value" => rec.value = Some(unescape(value)),
                 "seq" => rec.seq = number("seq", value)?,
-                "hold" => rec.holds.push(
-                    (value.split_once(' '))
-                        .and_then(|(side, rest)| match side {
-                            "r" => parse_hold(Side::Read, rest, true),
-                            "w" => parse_hold(Side::Write, rest, true),
-                            _ => None,
-                        })
-                        .ok_or_else(|| format!("its hold line `{value}` is malformed"))?,
-                ),
                 // Lines added by later versions are skipped.
                 _ => {}
             }
@@ -182,17 +181,13 @@ fn unescape(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
     let mut chars = v.chars().peekable();
     while let Some(c) = chars.next() {
-        let unescaped = match (c, chars.peek()) {
-            ('\\', Some('n')) => '\n',
-            ('\\', Some('r')) => '\r',
-            ('\\', Some('\\')) => '\\',
-            (c, _) => {
-                out.push(c);
-                continue;
-            }
-        };
-        chars.next();
-        out.push(unescaped);
+        let escaped = chars.next_if(|&n| c == '\\' && matches!(n, 'n' | 'r' | '\\'));
+        out.push(match escaped {
+            Some('n') => '\n',
+            Some('r') => '\r',
+            Some(n) => n,
+            None => c,
+        });
     }
     out
 }

@@ -39,8 +39,7 @@ fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
 pub(crate) fn try_lock(file: &File, mode: Mode) -> io::Result<bool> {
     match flock(file, mode as libc::c_int | libc::LOCK_NB) {
         Ok(()) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
-        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
         Err(e) => Err(e),
     }
 }

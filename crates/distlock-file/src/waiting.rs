@@ -192,16 +192,16 @@ impl Drop for Watch {
 }
 
 impl Inner {
-    /// A writer of this backend waits: for a read-write lock, hold the turnstile (keeping new
-    /// readers out); and have a thread block for the lock itself.
-    pub(crate) fn queue_writer(
+    /// A waiter of this backend queues: a writer of a read-write lock holds the turnstile
+    /// (keeping new readers out); and a thread blocks for the lock itself ([`Inner::arm`]).
+    pub(crate) fn queue(
         self: &Arc<Self>,
-        t @ (family, _): Target,
+        t @ (family, side): Target,
         entry: &mut Entry,
         name: &Arc<str>,
         main: Option<File>,
     ) -> Result<()> {
-        if family == Family::Rw && !entry.waiting(None) {
+        if (family, side) == (Family::Rw, Side::Write) && !entry.waiting(None) {
             let path = self.file(name, TURNSTILE);
             let ts = self.open_rw(&path)?;
             if self.try_flock(&ts, sys::Mode::Exclusive, &path)? {
