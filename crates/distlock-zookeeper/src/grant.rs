@@ -256,33 +256,27 @@ impl Inner {
         sess: &Session,
         held: &[(&AttemptId, Grant)],
     ) -> Result<Vec<Result<bool>>> {
-        // Each node once.
-        let mut paths: Vec<&str> = held.iter().map(|(_, g)| g.path.as_str()).collect();
+        // Each node once, with whether it is a candidate's (holding its value, not dlock's data).
+        let mut paths: Vec<(&str, bool)> = (held.iter())
+            .map(|(_, g)| (g.path.as_str(), g.node == NodeKind::Latch))
+            .collect();
         paths.sort_unstable();
         paths.dedup();
         let answers = self.read_through_leader(&sess.zk, &paths).await?;
-        let nodes: HashMap<&str, zk::MultiReadResult> = paths.into_iter().zip(answers).collect();
-        let mut gone = Vec::new();
+        let nodes: HashMap<&str, Read> = (paths.iter().zip(answers))
+            .map(|((p, latch), r)| (*p, read_of(r, sess.id, *latch)))
+            .collect();
         let confirmed = (held.iter())
-            .map(|(attempt, g)| {
-                let refused = |e| self.err(&format!("renewing {}", g.path), e);
-                let read = nodes
-                    .get(g.path.as_str())
-                    .map(|r| read_of(r, sess.id, g, refused));
-                match read {
-                    Some(Err(e)) => Err(e),
-                    Some(Ok(Some((nd, stat)))) if still_held(g, &nd, &stat, attempt) => Ok(true),
-                    read => {
-                        if let Some(Ok(None)) = read {
-                            gone.push(g.path.as_str());
-                        }
-                        self.forget_grant(attempt);
-                        Ok(false)
-                    }
+            .map(|(attempt, g)| match nodes.get(g.path.as_str()) {
+                Some(Err(unread)) => Err(unread.error(self, &g.path)),
+                Some(Ok(Some((nd, stat)))) if still_held(g, nd, stat, attempt) => Ok(true),
+                _ => {
+                    self.forget_grant(attempt);
+                    Ok(false)
                 }
             })
             .collect();
-        for p in gone {
+        for (p, _) in nodes.iter().filter(|(_, r)| matches!(r, Ok(None))) {
             self.node_gone(p, sess.gen);
         }
         Ok(confirmed)
@@ -295,14 +289,14 @@ impl Inner {
     async fn read_through_leader(
         &self,
         zk: &zk::Client,
-        paths: &[&str],
+        paths: &[(&str, bool)],
     ) -> Result<Vec<zk::MultiReadResult>> {
         let what = "renewing through the leader";
-        let Some(first) = paths.first() else {
+        let Some((first, _)) = paths.first() else {
             return Ok(Vec::new());
         };
         let mut reader = zk.new_multi_reader();
-        for p in paths {
+        for (p, _) in paths {
             reader.add_get_data(p).map_err(|e| self.err(what, e))?;
         }
         let (sync, read) = (zk.sync(first), reader.commit());
@@ -322,35 +316,50 @@ impl Inner {
     }
 }
 
-/// What the renewal read `answer` of grant `g`'s node says, for session `session`: the node's
-/// data and stat if the session still owns it (a latch node's data is the candidate's value,
-/// not dlock's node data), `None` if it is gone or another session's. `refused` maps the
-/// server's refusal to read this node alone (e.g. its ACL changed).
-fn read_of(
-    answer: &zk::MultiReadResult,
-    session: i64,
-    g: &Grant,
-    refused: impl FnOnce(zk::Error) -> Error,
-) -> Result<Option<(NodeData, zk::Stat)>> {
+/// What the renewal read `answer` of one node says, for session `session`: the node's data
+/// and stat if the session still owns it (a latch node's data is the candidate's value, not
+/// dlock's node data), `None` if it is gone or another session's.
+fn read_of(answer: zk::MultiReadResult, session: i64, latch: bool) -> Read {
     match answer {
-        zk::MultiReadResult::Data { stat, .. }
-            if stat.ephemeral_owner == session && g.node == NodeKind::Latch =>
-        {
-            Ok(Some((NodeData::default(), *stat)))
+        zk::MultiReadResult::Data { stat, .. } if stat.ephemeral_owner == session && latch => {
+            Ok(Some((NodeData::default(), stat)))
         }
         zk::MultiReadResult::Data { data, stat } if stat.ephemeral_owner == session => {
-            let nd = NodeData::parse(data).ok_or_else(|| foreign_data(&g.path, data))?;
-            Ok(Some((nd, *stat)))
+            match NodeData::parse(&data) {
+                Some(nd) => Ok(Some((nd, stat))),
+                None => Err(Unread::Foreign(data)),
+            }
         }
         zk::MultiReadResult::Data { .. } => Ok(None),
         zk::MultiReadResult::Error {
             err: zk::Error::NoNode,
         } => Ok(None),
-        zk::MultiReadResult::Error { err } => Err(refused(err.clone())),
-        other => {
-            let path = &g.path;
-            let e = format!("renewal of {path}: unexpected answer {other:?}");
-            Err(Error::unexpected(KIND, e))
+        zk::MultiReadResult::Error { err } => Err(Unread::Refused(err)),
+        other => Err(Unread::Answer(format!("{other:?}"))),
+    }
+}
+
+/// What the renewal read of one node found: the node if it is still this session's.
+type Read = std::result::Result<Option<(NodeData, zk::Stat)>, Unread>;
+
+/// Why a node of a renewal batch could not be read.
+enum Unread {
+    /// Data dlock did not write.
+    Foreign(Vec<u8>),
+    /// The server refused the read of this node (e.g. its ACL changed).
+    Refused(zk::Error),
+    /// An answer of a kind a read does not give.
+    Answer(String),
+}
+
+impl Unread {
+    fn error(&self, inner: &Inner, path: &str) -> Error {
+        match self {
+            Unread::Foreign(data) => foreign_data(path, data),
+            Unread::Refused(e) => inner.err(&format!("renewing {path}"), e.clone()),
+            Unread::Answer(a) => {
+                Error::unexpected(KIND, format!("renewal of {path}: unexpected answer {a}"))
+            }
         }
     }
 }
@@ -406,29 +415,28 @@ mod tests {
 
     #[test]
     fn a_node_read_is_ours_gone_or_unreadable() {
-        let refused = |e: zk::Error| Error::auth(KIND, "h", e.to_string());
-        let read = |data: &[u8], owner, node| {
+        let read = |data: &[u8], owner, latch| {
             let stat = stat(7, owner);
-            let data = data.to_vec();
-            let answer = zk::MultiReadResult::Data { data, stat };
-            read_of(&answer, 1, &grant(node, false), refused)
+            read_of(
+                zk::MultiReadResult::Data {
+                    data: data.to_vec(),
+                    stat,
+                },
+                1,
+                latch,
+            )
         };
-        let error = |err| {
-            let answer = zk::MultiReadResult::Error { err };
-            read_of(&answer, 1, &grant(NodeKind::Lock, false), refused)
-        };
+        let error = |err| read_of(zk::MultiReadResult::Error { err }, 1, false);
         let data = NodeData::new("o").encode();
-        let lock = NodeKind::Lock;
-        assert!(matches!(read(&data, 1, lock), Ok(Some((nd, _))) if nd.owner == "o"));
-        let foreign = read(b"\xff not dlock's data", 1, lock);
-        assert!(matches!(foreign, Err(e) if e.to_string().contains("not dlock's data")));
-        let value = read(b"a candidate's value", 1, NodeKind::Latch);
-        assert!(matches!(value, Ok(Some(_))));
+        assert!(matches!(read(&data, 1, false), Ok(Some((nd, _))) if nd.owner == "o"));
+        let foreign = read(b"\xff not dlock's data", 1, false);
+        assert!(matches!(foreign, Err(Unread::Foreign(_))));
+        assert!(matches!(read(b"a candidate's value", 1, true), Ok(Some(_))));
         assert!(
-            matches!(read(&data, 2, lock), Ok(None)),
+            matches!(read(&data, 2, false), Ok(None)),
             "another session's"
         );
         assert!(matches!(error(zk::Error::NoNode), Ok(None)));
-        assert!(matches!(error(zk::Error::NoAuth), Err(Error::Auth { .. })));
+        assert!(matches!(error(zk::Error::NoAuth), Err(Unread::Refused(_))));
     }
 }

@@ -9,6 +9,16 @@ use distlock_core::{ReleaseOutcome, Result};
 use std::sync::Arc;
 use zookeeper_client as zk;
 
+/// What releasing a grant does to its node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role<'a> {
+    /// The node is the grant's own: delete it (a `write-` node that readers joined is marked
+    /// downgraded instead).
+    Own,
+    /// A read grant listed in a write node: take it off the list.
+    Joined(&'a str),
+}
+
 pub(crate) fn parse_fence(data: &[u8]) -> Option<u64> {
     if data.is_empty() {
         return Some(0);
@@ -27,20 +37,18 @@ pub(crate) enum Step {
     Delete,
 }
 
-/// What releasing a grant whose node is of kind `node` (`Read` or `Write`) and holds `nd` does
-/// to that node: the grant's own node is deleted (a `write-` node that readers joined is marked
-/// downgraded instead); a read grant listed in a write node (`joined`: its attempt) is taken
-/// off the list.
-pub(crate) fn step(node: NodeKind, joined: Option<&str>, mut nd: NodeData) -> Step {
-    match joined {
-        None if node == NodeKind::Write && nd.downgraded => Step::NotThere,
+/// What releasing `role` of a grant whose node is of kind `node` (`Read` or `Write`) and
+/// holds `nd` does to that node.
+pub(crate) fn step(node: NodeKind, role: Role<'_>, mut nd: NodeData) -> Step {
+    match role {
+        Role::Own if node == NodeKind::Write && nd.downgraded => Step::NotThere,
         // Readers joined the write side: the node stays theirs (a downgrade).
-        None if node == NodeKind::Write && !nd.readers.is_empty() => {
+        Role::Own if node == NodeKind::Write && !nd.readers.is_empty() => {
             nd.downgraded = true;
             Step::Update(nd)
         }
-        None => Step::Delete,
-        Some(attempt) => {
+        Role::Own => Step::Delete,
+        Role::Joined(attempt) => {
             let before = nd.readers.len();
             nd.readers.retain(|r| r != attempt);
             if nd.readers.len() == before {
@@ -113,14 +121,13 @@ impl Inner {
             .await
     }
 
-    /// Releases grant `g` of `attempt` (whose node is in session `sess`): deletes its node, or
-    /// for a node others share, changes its data. `Ok(None)` when the grant was not there any
-    /// more.
+    /// Releases grant `g` (whose node is in session `sess`): deletes its node, or for a node
+    /// others share, changes its data. `Ok(None)` when the grant was not there any more.
     pub(crate) async fn retire(
         &self,
         sess: &Session,
         g: &Grant,
-        attempt: &str,
+        role: Role<'_>,
     ) -> Result<std::result::Result<Option<()>, zk::Error>> {
         let alone = match g.node {
             // No fence to record: an election's tokens are its leaders' creation zxids, and its
@@ -146,7 +153,7 @@ impl Inner {
             }
             let nd = NodeData::parse(&data).ok_or_else(|| foreign_data(&g.path, &data))?;
             let reads_only = g.node == NodeKind::Read || nd.downgraded;
-            let r = match step(g.node, g.joined.then_some(attempt), nd) {
+            let r = match step(g.node, role, nd) {
                 Step::NotThere => return Ok(Ok(None)),
                 Step::Update(nd) => {
                     let set = sess.zk.set_data(&g.path, &nd.encode(), Some(stat.version));
@@ -205,7 +212,12 @@ impl Inner {
                 }
             }
         };
-        match self.retire(&sess, &g, &grant.attempt).await {
+        let role = if g.joined {
+            Role::Joined(grant.attempt.as_str())
+        } else {
+            Role::Own
+        };
+        match self.retire(&sess, &g, role).await {
             Ok(Ok(found)) => {
                 self.forget_grant(&grant.attempt);
                 // Not there after a delete whose answer was lost: that delete released it.
@@ -289,7 +301,8 @@ impl Inner {
                     releasing: true,
                     ..w
                 };
-                if let Err(e) = self.retire(&sess, &g, &req.attempt).await? {
+                let role = Role::Joined(req.attempt.as_str());
+                if let Err(e) = self.retire(&sess, &g, role).await? {
                     return Err(self.err("leaving the write node", e));
                 }
             }
@@ -313,7 +326,7 @@ mod tests {
     #[test]
     fn what_a_release_does_to_its_node() {
         use NodeKind::{Read, Write};
-        let (own, r1, r3) = (None, Some("r1"), Some("r3"));
+        let (own, r1, r3) = (Role::Own, Role::Joined("r1"), Role::Joined("r3"));
         let up = |downgraded, readers| Step::Update(d(downgraded, readers));
         for (node, role, before, after) in [
             (Read, own, d(false, &[]), Step::Delete),

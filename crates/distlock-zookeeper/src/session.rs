@@ -254,6 +254,27 @@ impl Inner {
             .map(drop)
     }
 
+    /// A watch of the children of directory `dir`, which is created (`making` in errors)
+    /// if missing.
+    pub(crate) async fn watch_children(
+        &self,
+        sess: &Session,
+        dir: &str,
+        what: &str,
+        making: &str,
+    ) -> Result<zk::OneshotWatcher> {
+        let mut made = false;
+        loop {
+            let watch = sess.zk.list_and_watch_children(dir);
+            match self.call_unless(what, zk::Error::NoNode, watch).await? {
+                Some((_, w)) => return Ok(w),
+                None if !made => self.make_dir(sess, dir, making).await?,
+                None => return Err(self.err(what, zk::Error::NoNode)),
+            }
+            made = true;
+        }
+    }
+
     /// Waits until the server we talk to has caught up with the leader: what we read next is
     /// at least as new as the leader's state when it processed the sync, and the sync only
     /// comes back if that server still follows a leader that still has our session.

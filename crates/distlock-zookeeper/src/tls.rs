@@ -19,6 +19,7 @@ mod off {
     use zookeeper_client as zk;
 
     /// Without the `tls` feature there are no TLS settings: [`Tls::load`] refuses `zks://`.
+    #[derive(Debug)]
     pub(crate) enum Tls {}
 
     impl Tls {
@@ -66,9 +67,17 @@ mod imp {
     pub(crate) struct Tls {
         /// For the driver.
         options: zk::TlsOptions,
-        /// The same trust and identity, for our own handshakes in [`probe`](Self::probe).
+        /// The same trust and identity, for our own handshakes in [`diagnose`](Self::diagnose).
         probe: Arc<rustls::ClientConfig>,
         client_cert: bool,
+    }
+
+    impl std::fmt::Debug for Tls {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Tls")
+                .field("client_cert", &self.client_cert)
+                .finish_non_exhaustive()
+        }
     }
 
     /// PEM bytes as the driver takes them.

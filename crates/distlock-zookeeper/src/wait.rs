@@ -19,10 +19,15 @@ use zookeeper_client as zk;
 
 /// Gives the attempt up in the background if the future running it is dropped before it
 /// decided (a caller that stopped waiting for it): nobody would retry it or give it up.
-struct Abandon {
-    inner: Weak<Inner>,
-    /// `None` once the attempt decided.
-    req: Option<AcquireRequest>,
+pub(crate) struct Abandon {
+    pub(crate) inner: Weak<Inner>,
+    pub(crate) req: Option<AcquireRequest>,
+}
+
+impl Abandon {
+    fn disarm(mut self) {
+        self.req = None;
+    }
 }
 
 impl Drop for Abandon {
@@ -102,17 +107,7 @@ impl DirWatch {
             true => ("watching the election", "creating the election directory"),
             false => ("watching the lock queue", "creating the lock directory"),
         };
-        // A child watch on the directory, which is created if missing.
-        let mut made = false;
-        let cw = loop {
-            let watch = sess.zk.list_and_watch_children(&self.dir);
-            match inner.call_unless(what, zk::Error::NoNode, watch).await? {
-                Some((_, w)) => break w,
-                None if !made => inner.make_dir(&sess, &self.dir, making).await?,
-                None => return Err(inner.err(what, zk::Error::NoNode)),
-            }
-            made = true;
-        };
+        let cw = inner.watch_children(&sess, &self.dir, what, making).await?;
         // Proclamations change an election directory's data; `None`: deleted meanwhile (a
         // Curator container), and the child watch fired for it.
         let lw = if self.election {
@@ -276,7 +271,7 @@ impl Inner {
         // If this future is dropped midway (a caller that gave up on it), the attempt gives up
         // in the background: its node must not stay in the queue. An error is no give-up: the
         // caller retries the attempt (which finds its node) or gives it up itself.
-        let mut abandon = Abandon {
+        let abandon = Abandon {
             inner: Arc::downgrade(self),
             req: Some(req.clone()),
         };
@@ -286,7 +281,7 @@ impl Inner {
             Ok::<_, Error>((node, granted_at))
         }
         .await;
-        abandon.req = None;
+        abandon.disarm();
         let (node, granted_at) = decided?;
         let granted = match granted_at {
             Some(at) => (self.insert_grant(&sess, req, node.clone()))
