@@ -138,10 +138,16 @@ fn answered(statuses: &[MemberStatus]) -> impl Iterator<Item = (&str, &Status)> 
     (statuses.iter()).filter_map(|s| Some((s.name.as_str(), s.status.as_ref().ok()?)))
 }
 
-/// Version: the oldest member (or one whose version does not read, or none) runs an etcd whose
-/// transactions compare key ranges.
+/// Version: every answering member runs an etcd whose transactions compare key ranges. The
+/// member reported is the worst: one too old, else one whose version does not read, else the
+/// oldest.
 fn version_finding(statuses: &[MemberStatus]) -> Finding {
-    let oldest = answered(statuses).min_by_key(|(_, st)| parse_version(&st.version));
+    let worst = |st: &Status| match parse_version(&st.version) {
+        Some(v) if v < MIN_VERSION => (0, v),
+        None => (1, MIN_VERSION),
+        Some(v) => (2, v),
+    };
+    let oldest = answered(statuses).min_by_key(|(_, st)| worst(st));
     let version = oldest.map_or_else(String::new, |(name, st)| {
         format!("{} on {name}", st.version)
     });
@@ -281,6 +287,11 @@ mod tests {
         assert_eq!(severities(&[alarm]).0, Unsafe);
         assert_eq!(severities(&[member(1, 1, 10, "3.2.32")]).1, Unsafe);
         assert!(parse_version("3.2.32").is_some_and(|v| v < MIN_VERSION));
+        // A member too old is reported before one whose version does not read.
+        let mixed = [member(1, 1, 10, "garbage"), member(2, 1, 10, "3.2.32")];
+        assert_eq!(severities(&mixed).1, Unsafe);
+        let unread = [member(1, 1, 10, "3.5.9"), member(2, 1, 10, "garbage")];
+        assert_eq!(severities(&unread).1, Warning);
         assert_eq!(severities(&[member(1, 0, 10, "3.5.9")]).2, Unsafe);
         assert_eq!(severities(&[member(1, 7, 10, "3.5.9")]).2, Warning);
         let split = [member(1, 1, 10, "3.5.9"), member(2, 2, 10, "3.5.9")];
