@@ -17,8 +17,8 @@ use std::io::Write;
 impl Operator for FileBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<ListedLock>> {
         let inner = &self.inner;
-        let entries = std::fs::read_dir(&inner.dir)
-            .map_err(|e| inner.io_error(format!("cannot read {}", inner.dir.display()), e))?;
+        let unreadable = crate::fs::at(&inner.endpoint, "cannot read", &inner.dir);
+        let entries = std::fs::read_dir(&inner.dir).map_err(unreadable)?;
         // The files that carry a lock's record (and so its name: the file name is its hash).
         let kinds = [
             (Family::Mutex, LockKind::Mutex),

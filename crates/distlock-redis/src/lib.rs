@@ -443,11 +443,12 @@ impl RedisBackend {
     /// Runs `cmd`, one of the scripts of `set`, in one round trip with what must go with it:
     /// with `record` (an end record's key and lifetime in ms) the record is set first, so a
     /// late request of the attempt that runs after it is refused, and one that ran before is
-    /// undone by `cmd`; with `wait` (`?wait_replicas=N` of an acquire) a `WAIT` pipelined right
-    /// behind the script waits until N replicas have every write this connection made up to
-    /// it, which includes the grant (a fresh grant, or the rewrite of a retried or handed-over
-    /// grant that the acquire script makes for this purpose; replication is in order, so it
-    /// covers the handoff written by another client before it). Returns the script's reply and,
+    /// undone by `cmd`; with `wait` (`?wait_replicas=N` of an acquire or a forced release) a
+    /// `WAIT` pipelined right behind the script waits until N replicas have every write this
+    /// connection made up to it, which includes the grant (a fresh grant, or the rewrite of a
+    /// retried or handed-over grant that the acquire script makes for this purpose;
+    /// replication is in order, so it covers the handoff written by another client before it)
+    /// or the forced release's removal. Returns the script's reply and,
     /// with `wait`, how many replicas confirmed. An error of either (the grant, if one was
     /// made, is then not reported: the core retries the same attempt, which finds it, or gives
     /// the attempt up) is an error.

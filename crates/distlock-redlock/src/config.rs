@@ -56,7 +56,8 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<(Config, Vec<Node
         )));
     }
     let nodes = nodes(&cs, node_scheme)?;
-    let known = [
+    let tls = node_scheme == "rediss";
+    let known: Vec<&str> = [
         "namespace",
         "node_timeout",
         "quarantine",
@@ -64,9 +65,11 @@ pub(crate) fn parse(url: &str, opts: &ClientOptions) -> Result<(Config, Vec<Node
         "wait",
         "protocol",
         "ca_file",
-    ];
-    // `ca_file` (the last) only with TLS.
-    cs.check_params(&known[..known.len() - usize::from(node_scheme != "rediss")])?;
+    ]
+    .into_iter()
+    .filter(|k| tls || *k != "ca_file")
+    .collect();
+    cs.check_params(&known)?;
 
     let lease = opts.get_watchdog_lease();
     let node_timeout = match cs.duration("node_timeout")? {
