@@ -639,6 +639,44 @@ async fn a_contended_wait_is_one_request_and_no_subscription() {
     }
 }
 
+/// With `?wait_replicas=1`, a forced release's `WAIT` (pipelined behind its script) counts the
+/// replica: confirmed, the removal is on the replica too; with the replica paused, the release
+/// is done on the primary and reported as not confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_waits_for_the_replicas() {
+    let master = RedisServer::start().expect("master");
+    let mut replica = RedisServer::start_replica_of(&master).expect("replica");
+    let url = format!("{}?wait_replicas=1&wait_timeout=300ms", master.url());
+    let opts = fast_opts().watchdog_lease(Duration::from_secs(60));
+    let (client, backend) = client_for(&url, opts).await;
+    let force = |name: String| {
+        let backend = backend.clone();
+        async move { distlock_core::Operator::force_release(&*backend, &name, LockKind::Mutex).await }
+    };
+    let name = unique_name("forced-replicated");
+    let g = acquired(&client, &name).await;
+    let done = force(name.clone()).await.expect("confirmed forced release");
+    assert_eq!(done.removed.len(), 1, "{done:?}");
+    let key = format!("dlock:{{{name}}}");
+    assert_eq!(replica.command(&["EXISTS", &key]).expect("exists"), "0");
+    drop(g);
+    let name = unique_name("forced-unreplicated");
+    let g = acquired(&client, &name).await;
+    replica.pause();
+    let err = force(name.clone())
+        .await
+        .expect_err("a release no replica confirmed");
+    replica.resume();
+    assert!(
+        err.to_string()
+            .contains("only 0 of 1 replicas confirmed it"),
+        "{err}"
+    );
+    let key = format!("dlock:{{{name}}}");
+    assert_eq!(master.command(&["EXISTS", &key]).expect("exists"), "0");
+    drop(g);
+}
+
 /// A forced release (`dlock release --force`) wakes a queued mutex waiter on the wake channel
 /// its queue entry names — the channel its client's subscriber listens on (a spy sees the
 /// 'r' there, and nowhere else) — and the waiter takes the lock.
