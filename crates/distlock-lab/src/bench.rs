@@ -518,9 +518,13 @@ async fn contended_inner(
         parts.push((client, read_lock, lock, store));
     }
     // A backend without this kind of lock fails the run at once, not once per operation.
+    // The probe's guard is released before the clients start: dropped, it would be released
+    // in the background, and the first client's write could still find its read side held
+    // (an upgrade, refused).
     if let Some((_, read_lock, _, _)) = parts.first() {
-        if let Err(e) = read_lock.try_acquire().await {
-            return Err(e.to_string());
+        let probe = read_lock.try_acquire().await.map_err(|e| e.to_string())?;
+        if let Some(g) = probe {
+            g.release().await.map_err(|e| e.to_string())?;
         }
     }
     let inside = Arc::new(AtomicU32::new(0));
